@@ -1,0 +1,53 @@
+"""Distributed locks for Django over several independent Redis masters (Redlock)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncLock",
+    "AsyncLockManager",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockManager",
+    "LockNotAcquired",
+    "QuorumUnavailable",
+    "get_async_lock_manager",
+    "get_lock_manager",
+    "redlock",
+    "redlock_command",
+]
+
+# Names loaded on first use: the engine's (so importing the package stays cheap)
+# and the Django-bound ones (so the engine stays usable without Django settings).
+_LAZY = {
+    "AsyncLock": "django_redlock.core",
+    "AsyncLockManager": "django_redlock.core",
+    "Lock": "django_redlock.core",
+    "LockManager": "django_redlock.core",
+    "get_async_lock_manager": "django_redlock.manager",
+    "get_lock_manager": "django_redlock.manager",
+    "redlock": "django_redlock.decorators",
+    "redlock_command": "django_redlock.decorators",
+}
+
+if TYPE_CHECKING:
+    from django_redlock.core import AsyncLock, AsyncLockManager, Lock, LockManager
+    from django_redlock.decorators import redlock, redlock_command
+    from django_redlock.manager import get_async_lock_manager, get_lock_manager
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_redlock' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

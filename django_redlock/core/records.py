@@ -1,0 +1,138 @@
+"""Plain records the engine hands out: holders, live locks, node status."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+HOSTNAME = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: the unique token plus where it was taken, for operators."""
+
+    token: str
+    host: str | None = None
+    pid: int | None = None
+    label: str | None = None
+    acquired_at: float | None = None  # unix time, for display only
+
+    def encode(self) -> str:
+        data = {"t": self.token, "h": self.host, "p": self.pid, "a": self.acquired_at}
+        if self.label is not None:
+            data["l"] = self.label
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def new(cls, token: str, label: str | None = None) -> Holder:
+        acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
+        return cls(token, HOSTNAME, os.getpid(), label, acquired_at)
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> Holder | None:
+        """Parse a stored value; a foreign or damaged value becomes a bare token."""
+        if raw is None:
+            return None
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            data = json.loads(text)
+            token = data["t"]
+            if not isinstance(token, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return cls(text)
+        pid = data.get("p")
+        acquired = data.get("a")
+        label = data.get("l")
+        host = data.get("h")
+        return cls(
+            token,
+            host if isinstance(host, str) else None,
+            pid if isinstance(pid, int) else None,
+            label if isinstance(label, str) else None,
+            float(acquired) if isinstance(acquired, (int, float)) else None,
+        )
+
+    def __str__(self) -> str:
+        where = f"{self.host or '?'}:{self.pid if self.pid is not None else '?'}"
+        return f"{where} ({self.label})" if self.label else where
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One node's copy of a lock key."""
+
+    node: str
+    holder: Holder | None
+    ttl: float  # seconds left on that node; -1.0 when the key has no expiry
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """A resource with a live lock key on at least one node."""
+
+    resource: str
+    key: str
+    entries: tuple[NodeEntry, ...]
+    total: int
+    quorum: int
+    down: tuple[str, ...] = field(default=())
+
+    @property
+    def holder(self) -> Holder | None:
+        """The holder seen on the most nodes."""
+        counts = Counter(e.holder.token for e in self.entries if e.holder)
+        if not counts:
+            return None
+        token = counts.most_common(1)[0][0]
+        return next(e.holder for e in self.entries if e.holder and e.holder.token == token)
+
+    @property
+    def nodes_holding(self) -> int:
+        holder = self.holder
+        return sum(1 for e in self.entries if holder and e.holder and e.holder.token == holder.token)
+
+    @property
+    def ttl(self) -> float:
+        """Seconds until fewer than a quorum of the main holder's keys remain (max ttl without quorum)."""
+        holder = self.holder
+        ttls = sorted(
+            (e.ttl for e in self.entries if holder and e.holder and e.holder.token == holder.token),
+            reverse=True,
+        )
+        if not ttls:
+            return 0.0
+        if len(ttls) >= self.quorum:
+            return ttls[self.quorum - 1]
+        return ttls[0]
+
+    @property
+    def state(self) -> str:
+        """``held`` (one holder on a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
+        tokens = {e.holder.token for e in self.entries if e.holder}
+        if self.nodes_holding >= self.quorum:
+            return "held"
+        return "split" if len(tokens) > 1 else "minority"
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What ``node_status()`` learned about one node."""
+
+    name: str
+    reachable: bool
+    latency: float | None = None
+    role: str | None = None
+    run_id: str | None = None
+    version: str | None = None
+    uptime: float | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    error: str | None = None
+    persistence: dict[str, str] = field(default_factory=dict)
