@@ -1,0 +1,2 @@
+class AsyncLock: pass
+class AsyncLockManager: pass

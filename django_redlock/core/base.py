@@ -1,0 +1,331 @@
+"""What the sync and async engines share: validation, quorum arithmetic, hooks.
+
+Nothing here does I/O. The two engines build the same commands and judge the
+same replies with these functions, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django_redlock.core.nodes import Failure, Node
+from django_redlock.core.records import Holder
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
+
+if TYPE_CHECKING:
+    from django_redlock.core.lock import LockBase
+
+__all__ = ["Hooks", "ManagerConfig"]
+
+#: Fixed part of the drift allowance (the spec's "2 milliseconds").
+DRIFT_CONSTANT = 0.002
+MAX_RESOURCE_LENGTH = 1024
+TOKEN_BYTES = 20
+
+
+class Hooks:
+    """Callbacks the engine runs on lock events. Subclass and override what you need.
+
+    A hook must be quick and must not raise; exceptions from hooks are swallowed
+    so that they can never leave a lock behind.
+    """
+
+    def acquired(self, lock: LockBase) -> None:
+        """A lock was acquired on a quorum."""
+
+    def released(self, lock: LockBase) -> None:
+        """A lock was released."""
+
+    def extended(self, lock: LockBase) -> None:
+        """A lock's ttl was extended on a quorum."""
+
+    def lost(self, lock: LockBase, reason: str) -> None:
+        """A held lock was found expired or taken over."""
+
+    def not_acquired(self, resource: str, error: LockNotAcquired) -> None:
+        """An acquisition gave up."""
+
+
+def call_hook(hooks: Hooks | None, name: str, *args: Any) -> None:
+    if hooks is None:
+        return
+    try:
+        getattr(hooks, name)(*args)
+    except Exception:  # noqa: BLE001 - a hook must never break locking
+        import logging
+
+        logging.getLogger("django_redlock").exception("redlock hook %s failed", name)
+
+
+def check_resource(resource: Any) -> str:
+    if not isinstance(resource, str):
+        raise ValueError(f"resource must be a non-empty string; got {type(resource).__name__}.")
+    if not resource:
+        raise ValueError("resource must be a non-empty string.")
+    if len(resource) > MAX_RESOURCE_LENGTH:
+        raise ValueError(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in resource):
+        raise ValueError("resource must not contain control characters.")
+    return resource
+
+
+def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ValueError(f"{argument} must be a number of seconds, not None.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{argument} must be a number of seconds; got {type(value).__name__}.")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{argument} must be a finite number of seconds; got {value}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        expected = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{argument} must be {expected} seconds; got {value}.")
+    return value
+
+
+def check_count(value: Any, argument: str, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{argument} must be a whole number >= 0; got {value!r}.")
+    return value
+
+
+def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
+    if ttl is None:
+        return default
+    value = check_seconds(ttl, argument)
+    assert value is not None
+    if value < 0.01:
+        raise ValueError(f"{argument} must be at least 0.01 seconds (10 ms); got {value}.")
+    return value
+
+
+class ManagerConfig:
+    """Validated settings shared by :class:`LockManager` and :class:`AsyncLockManager`."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.ttl = check_ttl(ttl, 30.0)
+        self.retry_count = check_count(retry_count, "retry_count", allow_none=True)
+        self.retry_delay = check_seconds(retry_delay, "retry_delay", allow_zero=True)
+        self.retry_jitter = check_seconds(retry_jitter, "retry_jitter", allow_zero=True)
+        drift = check_seconds(clock_drift_factor, "clock_drift_factor", allow_zero=True)
+        assert drift is not None
+        if drift >= 0.5:
+            raise ValueError(f"clock_drift_factor must be below 0.5 (a fraction of the ttl); got {drift}.")
+        self.clock_drift_factor = drift
+        timeout = check_seconds(node_timeout, "node_timeout")
+        assert timeout is not None
+        self.node_timeout = timeout
+        if not isinstance(key_prefix, str):
+            raise ValueError(f"key_prefix must be a string; got {type(key_prefix).__name__}.")
+        self.key_prefix = key_prefix
+        self.max_extensions = check_count(max_extensions, "max_extensions", allow_none=True)
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
+        self.label = label
+        if hooks is not None and not isinstance(hooks, Hooks):
+            raise ValueError("hooks must be an instance of django_redlock.core.Hooks.")
+        self.hooks = hooks
+
+    def key(self, resource: str) -> str:
+        return f"{self.key_prefix}lock:{resource}"
+
+    def fence_key(self, resource: str) -> str:
+        return f"{self.key_prefix}fence:{resource}"
+
+    def resource_of(self, key: str) -> str | None:
+        head = f"{self.key_prefix}lock:"
+        return key[len(head) :] if key.startswith(head) else None
+
+    def scan_pattern(self) -> str:
+        head = f"{self.key_prefix}lock:"
+        escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in head)
+        return escaped + "*"
+
+    def drift(self, ttl: float) -> float:
+        return ttl * self.clock_drift_factor + DRIFT_CONSTANT
+
+    def retry_pause(self) -> float:
+        low = max(0.0, self.retry_delay - self.retry_jitter)
+        high = self.retry_delay + self.retry_jitter
+        return random.uniform(low, high)  # noqa: S311 - spreading retries, not secrets
+
+
+def quorum_of(total: int) -> int:
+    return total // 2 + 1
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_BYTES)
+
+
+def new_holder(label: str | None) -> Holder:
+    return Holder.new(new_token(), label)
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
+
+
+def set_command(key: str, value: str, ttl: float) -> tuple[Any, ...]:
+    return ("SET", key, value, "NX", "PX", ms(ttl))
+
+
+def is_ok(reply: Any) -> bool:
+    return reply is True or reply == b"OK" or reply == "OK"
+
+
+def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
+    """A ``done`` test for fan-outs: stop once success or failure is certain."""
+
+    def done(results: list[Any]) -> bool:
+        good = bad = 0
+        for reply in results:
+            if reply is None:
+                continue
+            if not isinstance(reply, Failure) and success(reply):
+                good += 1
+            else:
+                bad += 1
+        return good >= quorum or bad > total - quorum
+
+    return done
+
+
+def count(results: Sequence[Any], success: Any = is_ok) -> int:
+    return sum(1 for r in results if r is not None and not isinstance(r, Failure) and success(r))
+
+
+def failures_of(nodes: Sequence[Node], results: Sequence[Any], refused: str = "held by another holder") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for node, reply in zip(nodes, results):
+        if isinstance(reply, Failure):
+            out[node.name] = reply.reason
+        elif reply is None or not is_ok(reply):
+            out[node.name] = refused
+    return out
+
+
+def not_acquired(
+    resource: str,
+    nodes: Sequence[Node],
+    results: Sequence[Any],
+    quorum: int,
+    *,
+    validity_left: float | None = None,
+    retry_after: float | None = None,
+    attempts: int = 1,
+) -> LockNotAcquired:
+    """Build the error for a failed attempt, telling "held" from "nodes unavailable"."""
+    total = len(nodes)
+    granted = count(results)
+    failures = failures_of(nodes, results)
+    unreachable = sum(1 for r in results if isinstance(r, Failure) and not r.answered)
+    detail = "; ".join(f"{name}: {why}" for name, why in failures.items())
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    if granted >= quorum and validity_left is not None:
+        message = (
+            f"Could not lock {resource!r}{tries}: {granted} of {total} nodes agreed but the validity "
+            f"ran out ({validity_left * 1000:.0f} ms left after drift); the ttl is too short for these nodes."
+        )
+        cls: type[LockNotAcquired] = LockNotAcquired
+    elif total - unreachable < quorum:
+        message = (
+            f"Could not lock {resource!r}{tries}: only {total - unreachable} of {total} nodes answered, "
+            f"{quorum} needed ({detail})."
+        )
+        cls = QuorumUnavailable
+    else:
+        message = f"Could not lock {resource!r}{tries}: {granted} of {total} nodes agreed, {quorum} needed ({detail})."
+        cls = LockNotAcquired
+    return cls(
+        message,
+        resource=resource,
+        granted=granted,
+        quorum=quorum,
+        total=total,
+        failures=failures,
+        retry_after=retry_after,
+    )
+
+
+def retry_after_of(results: Sequence[Any], quorum: int) -> float | None:
+    """Seconds until fewer than a quorum of nodes hold the key, from PTTL replies."""
+    ttls = sorted(
+        (int(r) / 1000.0 for r in results if isinstance(r, int) and not isinstance(r, bool) and r > 0),
+        reverse=True,
+    )
+    if len(ttls) < quorum:
+        return 0.0 if ttls else None
+    return ttls[quorum - 1]
+
+
+def fence_value(reply: Any) -> int | None:
+    """Parse a fencing counter reply; ``None`` for failures, 0 for a missing key."""
+    if isinstance(reply, Failure):
+        return None
+    if reply is None:
+        return 0
+    try:
+        return int(reply)
+    except (TypeError, ValueError):
+        return None
+
+
+def next_fence(reads: Sequence[Any], quorum: int, resource: str) -> int:
+    """The next fencing token: one more than the highest counter any quorum reports."""
+    values = [v for v in (fence_value(r) for r in reads) if v is not None]
+    if len(values) < quorum:
+        raise lost_error(
+            resource, f"only {len(values)} nodes answered the fencing read, {quorum} needed; no token was issued"
+        )
+    return max(values) + 1
+
+
+def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quorum: int) -> None:
+    """Accept ``token`` only if a quorum now stores it (or more) and the lock is still valid."""
+    acked = count(writes, lambda r: isinstance(r, int) and r >= token)
+    if acked < quorum:
+        raise lost_error(
+            lock.resource, f"the fencing token reached {acked} nodes, {quorum} needed; no token was issued"
+        )
+    if not lock.locked():
+        reason = "it expired while its fencing token was written"
+        lock._mark_lost(reason)
+        raise lost_error(lock.resource, reason)
+
+
+def extension_limit_error(lock: LockBase, limit: int) -> LockError:
+    return LockError(
+        f"Lock {lock.resource!r} has been extended {limit} times, the limit (max_extensions); "
+        "release it and acquire again, or raise the limit.",
+        resource=lock.resource,
+    )
+
+
+def lost_error(resource: str, why: str) -> LockLost:
+    return LockLost(f"Lock {resource!r} was lost: {why}", resource=resource)
+
+
+def options_of(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(options or {})

@@ -1,0 +1,358 @@
+"""LockManager: Redlock over N independent Redis masters, one round trip per step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from django_redlock.core import base
+from django_redlock.core.base import Hooks, ManagerConfig
+from django_redlock.core.extender import Extender
+from django_redlock.core.lock import Lock, LockContext
+from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_nodes, script_command
+from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
+from django_redlock.core.scripts import FENCE_RAISE, INSPECT, RELEASE
+
+__all__ = ["LockManager"]
+
+#: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
+ADMIN_TIMEOUT = 2.0
+SCAN_COUNT = 1000
+
+
+class LockManager:
+    """Acquire Redlock locks on a set of independent Redis masters.
+
+    ``nodes`` are Redis URLs (``redis://``, ``rediss://``, ``unix://``),
+    redis-py clients, or mappings ``{"URL": ..., "OPTIONS": {...}}``. Nothing
+    connects until the first call, and a node that is down at start-up only
+    counts as a failed vote.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.config = ManagerConfig(
+            ttl=ttl,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            clock_drift_factor=clock_drift_factor,
+            node_timeout=node_timeout,
+            key_prefix=key_prefix,
+            max_extensions=max_extensions,
+            label=label,
+            hooks=hooks,
+        )
+        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
+        self.quorum = base.quorum_of(len(self.node_list))
+        self._extender = Extender()
+
+    # -- plain attributes ----------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Node names, without credentials."""
+        return tuple(node.name for node in self.node_list)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
+
+    @property
+    def key_prefix(self) -> str:
+        return self.config.key_prefix
+
+    @property
+    def node_timeout(self) -> float:
+        return self.config.node_timeout
+
+    def key(self, resource: str) -> str:
+        """The Redis key that locks ``resource``."""
+        return self.config.key(base.check_resource(resource))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+
+    # -- acquisition ------------------------------------------------------
+
+    def acquire(
+        self,
+        resource: str,
+        ttl: float | None = None,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        label: str | None = None,
+    ) -> Lock:
+        """Acquire ``resource`` on a quorum and return the :class:`Lock`.
+
+        ``blocking=False`` makes one attempt. With ``blocking=True`` the
+        manager retries after a random delay: until ``timeout`` seconds have
+        passed, or, when ``timeout`` is None, ``retry_count`` more times
+        (``retry_count=None``: forever). Raises
+        :class:`~django_redlock.exceptions.LockNotAcquired` when it gives up,
+        or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
+        when too few nodes answered.
+        """
+        resource = base.check_resource(resource)
+        ttl = base.check_ttl(ttl, self.config.ttl)
+        timeout = base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+        holder = base.new_holder(label if label is not None else self.config.label)
+        key = self.config.key(resource)
+        value = holder.encode()
+        begun = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            started = time.monotonic()
+            results = self._set_all(key, value, ttl)
+            finished = time.monotonic()
+            validity = ttl - (finished - started) - self.config.drift(ttl)
+            if base.count(results) >= self.quorum and validity > 0:
+                lock = Lock(self, resource, holder, ttl, started)
+                base.call_hook(self.config.hooks, "acquired", lock)
+                return lock
+            # Failed: release on every node, also those that seemed to fail.
+            self._release_keys(key, value)
+            if not blocking:
+                break
+            pause = self.config.retry_pause()
+            if timeout is not None:
+                if time.monotonic() + pause - begun > timeout:
+                    break
+            elif self.config.retry_count is not None and attempts > self.config.retry_count:
+                break
+            time.sleep(pause)
+        error = base.not_acquired(
+            resource,
+            self.node_list,
+            results,
+            self.quorum,
+            validity_left=validity if base.count(results) >= self.quorum else None,
+            retry_after=self._retry_after(key),
+            attempts=attempts,
+        )
+        base.call_hook(self.config.hooks, "not_acquired", resource, error)
+        raise error
+
+    def lock(
+        self,
+        resource: str,
+        ttl: float | None = None,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        label: str | None = None,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        on_lost: Callable[[Lock], Any] | None = None,
+    ) -> LockContext:
+        """A context manager: acquire on entry, release on exit.
+
+        ``auto_extend=True`` keeps the lock alive from a background thread
+        shared by all locks: it extends when about a third of the ttl is left,
+        stops after ``max_hold`` seconds, and if an extension fails on a
+        quorum it sets ``lock.lost`` and calls ``on_lost(lock)``.
+        """
+        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        return LockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
+
+    # -- inspection and operator actions ----------------------------------
+
+    def is_locked(self, resource: str) -> bool:
+        """True when a quorum of nodes hold a live key for ``resource``."""
+        key = self.key(resource)
+        nodes = self.node_list
+        results = fanout(nodes, [("PTTL", key)] * len(nodes), timeout=self.config.node_timeout)
+        live = base.count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1))
+        return live >= self.quorum
+
+    def force_release(self, resource: str) -> int:
+        """Delete ``resource``'s lock key on every node, whoever holds it.
+
+        For operators: the holder is not told. Returns how many nodes had the key.
+        """
+        key = self.key(resource)
+        nodes = self.node_list
+        results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=max(self.config.node_timeout, 0.5))
+        return base.count(results, lambda r: r == 1)
+
+    def live_locks(self, match: str | None = None) -> Iterator[LockRecord]:
+        """Yield one record per resource with a lock key on any node, sorted by resource.
+
+        Scans every node with SCAN (never KEYS), reading each page's values
+        and ttls in the same round. ``match`` keeps resources containing that
+        text. A node that fails is listed in each record's ``down``.
+        """
+        pattern = self.config.scan_pattern()
+        if match:
+            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
+            pattern = pattern[:-1] + "*" + escaped + "*"
+        nodes = self.node_list
+        cursors: list[int | None] = [0] * len(nodes)
+        down: set[str] = set()
+        found: dict[str, dict[str, NodeEntry]] = {}
+        timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
+        while any(c is not None for c in cursors):
+            commands = [
+                ("SCAN", c, "MATCH", pattern, "COUNT", SCAN_COUNT) if c is not None else None for c in cursors
+            ]
+            pages = fanout(nodes, commands, timeout=timeout)
+            inspect: list[Any] = []
+            page_keys: list[list[str]] = []
+            for i, page in enumerate(pages):
+                keys: list[str] = []
+                if commands[i] is None:
+                    pass
+                elif isinstance(page, Failure):
+                    down.add(nodes[i].name)
+                    cursors[i] = None
+                else:
+                    cursor, raw_keys = page
+                    cursors[i] = int(cursor) or None
+                    keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
+                page_keys.append(keys)
+                inspect.append(script_command(INSPECT, keys, []) if keys else None)
+            if not any(inspect):
+                continue
+            replies = fanout(nodes, inspect, timeout=timeout, script=INSPECT)
+            for i, reply in enumerate(replies):
+                if inspect[i] is None:
+                    continue
+                if isinstance(reply, Failure):
+                    down.add(nodes[i].name)
+                    cursors[i] = None
+                    continue
+                for j, key in enumerate(page_keys[i]):
+                    raw, pttl = reply[2 * j], reply[2 * j + 1]
+                    if not raw or pttl == -2:
+                        continue
+                    ttl = pttl / 1000.0 if pttl >= 0 else -1.0
+                    found.setdefault(key, {})[nodes[i].name] = NodeEntry(nodes[i].name, Holder.decode(raw), ttl)
+        order = {node.name: n for n, node in enumerate(nodes)}
+        for key in sorted(found):
+            resource = self.config.resource_of(key)
+            if resource is None:
+                continue
+            entries = tuple(sorted(found[key].values(), key=lambda e: order[e.node]))
+            yield LockRecord(resource, key, entries, len(nodes), self.quorum, tuple(sorted(down)))
+
+    def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
+        """Ask every node for INFO; a node that does not answer is reported, not raised."""
+        nodes = self.node_list
+        timings: list[float | None] = [None] * len(nodes)
+        results = fanout(nodes, [("INFO",)] * len(nodes), timeout=timeout, timings=timings)
+        return [status_of(node, reply, timing) for node, reply, timing in zip(nodes, results, timings)]
+
+    def ping(self, timeout: float | None = None) -> dict[str, float | None]:
+        """Round-trip time to each node in seconds, or None for a node that did not answer."""
+        nodes = self.node_list
+        timings: list[float | None] = [None] * len(nodes)
+        fanout(nodes, [("PING",)] * len(nodes), timeout=timeout or self.config.node_timeout, timings=timings)
+        return {node.name: timing for node, timing in zip(nodes, timings)}
+
+    def close(self) -> None:
+        """Stop watching locks and close every connection. Held locks expire by themselves."""
+        self._extender.clear(self)
+        for node in self.node_list:
+            node.close()
+
+    def __enter__(self) -> LockManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals used by Lock -----------------------------------------
+
+    def _set_all(self, key: str, value: str, ttl: float) -> list[Any]:
+        nodes = self.node_list
+        return fanout(
+            nodes,
+            [base.set_command(key, value, ttl)] * len(nodes),
+            timeout=self.config.node_timeout,
+            done=base.until_outcome(self.quorum, len(nodes)),
+            keys=[key],
+            allow_lagging=False,
+        )
+
+    def _release_keys(self, key: str, value: str) -> list[Any]:
+        nodes = self.node_list
+        command = script_command(RELEASE, [key], [value])
+        return fanout(
+            nodes,
+            [command] * len(nodes),
+            timeout=self.config.node_timeout,
+            script=RELEASE,
+            keys=[key],
+            ordered_after_key=key,
+        )
+
+    def _retry_after(self, key: str) -> float | None:
+        nodes = self.node_list
+        results = fanout(nodes, [("PTTL", key)] * len(nodes), timeout=self.config.node_timeout, allow_lagging=False)
+        return base.retry_after_of(results, self.quorum)
+
+    def _fence(self, lock: Lock) -> int:
+        if not lock.locked():
+            raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
+        nodes = self.node_list
+        fence_key = self.config.fence_key(lock.resource)
+        answered = base.until_outcome(self.quorum, len(nodes), lambda r: True)
+        reads = fanout(nodes, [("GET", fence_key)] * len(nodes), timeout=self.config.node_timeout, done=answered)
+        token = base.next_fence(reads, self.quorum, lock.resource)
+        command = script_command(FENCE_RAISE, [fence_key], [token])
+        acked = base.until_outcome(self.quorum, len(nodes), lambda r: isinstance(r, int) and r >= token)
+        writes = fanout(nodes, [command] * len(nodes), timeout=self.config.node_timeout, done=acked, script=FENCE_RAISE)
+        base.check_fence_written(lock, writes, token, self.quorum)
+        return token
+
+    def _watch(self, lock: Lock, max_hold: float | None, on_lost: Callable[[Lock], Any] | None) -> None:
+        self._extender.add(self, lock, max_hold, on_lost)
+
+    def _forget(self, lock: Lock) -> None:
+        self._extender.remove(lock)
+
+
+def status_of(node: Node, reply: Any, latency: float | None) -> NodeStatus:
+    common = {"host": node.host, "port": node.port, "path": node.path}
+    if isinstance(reply, Failure) or reply is None:
+        return NodeStatus(node.name, False, error=str(reply) if reply else "no reply", **common)
+    info = parse_info(reply)
+    persistence = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
+    uptime = info.get("uptime_in_seconds")
+    return NodeStatus(
+        node.name,
+        True,
+        latency=latency,
+        role=info.get("role"),
+        run_id=info.get("run_id"),
+        version=info.get("redis_version"),
+        uptime=float(uptime) if uptime is not None else None,
+        persistence=persistence,
+        **common,
+    )
+
+
+def parse_info(reply: Any) -> dict[str, str]:
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            info[name.strip()] = value.strip()
+    return info

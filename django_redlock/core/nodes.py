@@ -1,0 +1,572 @@
+"""Nodes and the one-round-trip fan-out.
+
+A :class:`Node` is one independent Redis master. It keeps its own small set of
+redis-py connections, built with the node timeout as socket timeout, no retries
+and no handshake round trips that are not needed, so that a dead or paused
+node costs at most ``node_timeout`` and usually nothing.
+
+:func:`fanout` writes one command to every node before it reads any reply,
+then waits for the replies with ``poll()`` until the caller's ``done`` test is
+satisfied or the node timeout passes. Replies that had not arrived by then are
+left on their connection ("pending"); the connection is parked and its late
+replies are read, without waiting, the next time the node is used. A command
+that must stay ordered after a pending one (a release after a delayed ``SET``)
+is written to the same connection.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+try:
+    from redis.backoff import NoBackoff
+except ImportError:  # pragma: no cover - very old redis-py
+    NoBackoff = None  # type: ignore[assignment,misc]
+
+from django_redlock.core.scripts import Script
+
+__all__ = ["Failure", "Node", "NodeSpec", "fanout", "parse_nodes"]
+
+SCHEMES = ("redis", "rediss", "unix")
+
+#: A node whose earlier reply is overdue by this long is dropped and reconnected.
+STALE_LIMIT_MIN = 1.0
+#: After a failed connect, leave the node alone this long.
+COOL_OFF = 0.5
+#: At most this many unread replies are queued on one parked connection.
+MAX_PENDING = 256
+
+NodeSpec = Any  # str URL | redis.Redis | Mapping with "URL"/"OPTIONS"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a node did not give a usable reply (never contains credentials)."""
+
+    reason: str
+    answered: bool = False  # the node answered (e.g. with an error), it is not down
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class NodeUnavailable(Exception):
+    pass
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _handshake_off(connection_class: type) -> dict[str, Any]:
+    """Keyword arguments that stop redis-py's optional round trips on connect."""
+    params: set[str] = set()
+    for klass in getattr(connection_class, "__mro__", (connection_class,)):
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            try:
+                params.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):  # pragma: no cover
+                pass
+    off: dict[str, Any] = {}
+    if "driver_info" in params:
+        off["driver_info"] = None
+    elif "lib_name" in params:
+        off.update(lib_name=None, lib_version=None)
+    if "maint_notifications_config" in params:
+        try:
+            from redis.maint_notifications import MaintNotificationsConfig
+
+            off["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+        except ImportError:  # pragma: no cover
+            pass
+    return off
+
+
+def _display_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def _check_url(url: str, where: str) -> None:
+    shown = _display_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{where}: malformed Redis URL {shown!r} ({_redact(str(exc), [url])}).") from None
+    if parts.scheme not in SCHEMES:
+        raise ValueError(
+            f"{where}: unsupported scheme {parts.scheme!r} in {shown!r}; expected one of redis://, rediss://, unix://."
+        )
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"{where}: unix:// URL {shown!r} has no socket path.")
+    elif not parts.hostname:
+        raise ValueError(f"{where}: Redis URL {shown!r} has no host.")
+    del port
+
+
+def _name_from_kwargs(kwargs: Mapping[str, Any]) -> str:
+    path = kwargs.get("path")
+    db = int(kwargs.get("db") or 0)
+    if path:
+        return f"unix:{path}" + (f"/{db}" if db else "")
+    host = kwargs.get("host", "localhost")
+    port = kwargs.get("port", 6379)
+    if ":" in str(host):
+        host = f"[{host}]"
+    return f"{host}:{port}/{db}"
+
+
+class Node:
+    """One independent Redis master and its connections (thread-safe, fork-aware)."""
+
+    def __init__(
+        self,
+        connection_class: type,
+        connection_kwargs: Mapping[str, Any],
+        *,
+        node_timeout: float,
+        name: str | None = None,
+    ) -> None:
+        kwargs = dict(connection_kwargs)
+        secrets = [str(kwargs.get("password") or "")]
+        kwargs.update(
+            socket_timeout=node_timeout,
+            socket_connect_timeout=node_timeout,
+            retry_on_timeout=False,
+            health_check_interval=0,
+            decode_responses=False,
+        )
+        kwargs.pop("retry_on_error", None)
+        # RESP2: no HELLO round trip on connect, and the reply shapes the engine reads.
+        kwargs["protocol"] = 2
+        if "RESP3" in getattr(kwargs.get("parser_class"), "__name__", ""):
+            kwargs.pop("parser_class")
+        if NoBackoff is not None:
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+        kwargs.update(_handshake_off(connection_class))
+        self.connection_class = connection_class
+        self.kwargs = kwargs
+        self.name = name or _name_from_kwargs(kwargs)
+        self.host = kwargs.get("host") if not kwargs.get("path") else None
+        self.port = kwargs.get("port") if not kwargs.get("path") else None
+        self.path = kwargs.get("path")
+        self.db = int(kwargs.get("db") or 0)
+        self.node_timeout = node_timeout
+        self.stale_limit = max(STALE_LIMIT_MIN, 20 * node_timeout)
+        self._secrets = [s for s in secrets if s]
+        self._mutex = threading.Lock()
+        self._reset()
+        try:
+            connection_class(**kwargs)  # fail now on bad options, not on the first lock
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"node {self.name}: invalid connection options: {self.redact(str(exc))}") from None
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._idle: deque[Any] = deque()
+        # parked connections: conn -> [pending replies, time the oldest was sent, keys]
+        self._parked: dict[Any, list[Any]] = {}
+        self._down_until = 0.0
+        self._down_reason = ""
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}>"
+
+    # -- connections -------------------------------------------------------
+
+    def redact(self, text: str) -> str:
+        return _redact(text, self._secrets)
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            with self._mutex:
+                if os.getpid() != self._pid:
+                    self._reset()  # the parent's sockets are not ours to use
+
+    def _drain_parked(self, now: float) -> None:
+        """Read late replies that already arrived; drop connections overdue too long."""
+        for conn, state in list(self._parked.items()):
+            try:
+                while state[0] and conn.can_read(0):
+                    try:
+                        conn.read_response()
+                    except ResponseError:
+                        pass
+                    state[0] -= 1
+                    state[1] = now
+                    state[2] = state[2][1:]
+            except (RedisError, OSError, ValueError):
+                self._parked.pop(conn, None)
+                _disconnect(conn)
+                continue
+            if not state[0]:
+                self._parked.pop(conn, None)
+                self._idle.append(conn)
+            elif now - state[1] > self.stale_limit:
+                self._parked.pop(conn, None)
+                _disconnect(conn)
+
+    def lagging(self, now: float) -> bool:
+        """True while a reply from this node is overdue by more than the node timeout."""
+        return any(state[0] and now - state[1] > self.node_timeout for state in self._parked.values())
+
+    def checkout(self, *, for_key: str | None = None, allow_lagging: bool = True) -> tuple[Any, list[Any] | None]:
+        """Return ``(connection, parked)``; ``parked`` is the state of a connection with pending replies.
+
+        With ``for_key``, a parked connection that still carries a command for that key
+        is returned, so the new command stays ordered after it.
+        """
+        self._check_fork()
+        now = time.monotonic()
+        with self._mutex:
+            self._drain_parked(now)
+            if for_key is not None:
+                for conn, state in self._parked.items():
+                    if for_key in state[2] and state[0] < MAX_PENDING:
+                        del self._parked[conn]
+                        return conn, state
+            if not allow_lagging and self.lagging(now):
+                raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
+            if now < self._down_until:
+                raise NodeUnavailable(self._down_reason)
+            if self._idle:
+                return self._idle.pop(), None
+        conn = None
+        try:
+            conn = self.connection_class(**self.kwargs)
+            conn.connect()
+        except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
+            reason = self.redact(describe(exc, self.node_timeout))
+            with self._mutex:
+                self._down_until = time.monotonic() + COOL_OFF
+                self._down_reason = reason
+            if conn is not None:
+                _disconnect(conn)
+            raise NodeUnavailable(reason) from None
+        return conn, None
+
+    def checkin(self, conn: Any) -> None:
+        if os.getpid() != self._pid:
+            return
+        with self._mutex:
+            self._idle.append(conn)
+
+    def park(self, conn: Any, pending: int, keys: Sequence[str], sent_at: float) -> None:
+        if os.getpid() != self._pid or pending > MAX_PENDING:
+            _disconnect(conn)
+            return
+        with self._mutex:
+            self._parked[conn] = [pending, sent_at, list(keys)]
+
+    def discard(self, conn: Any) -> None:
+        _disconnect(conn)
+
+    def close(self) -> None:
+        with self._mutex:
+            conns = list(self._idle) + list(self._parked)
+            self._idle.clear()
+            self._parked.clear()
+        for conn in conns:
+            _disconnect(conn)
+
+    def client(self, timeout: float | None = None) -> redis.Redis:
+        """A plain redis-py client for this node (admin/status work, not locking)."""
+        kwargs = dict(self.kwargs)
+        if timeout is not None:
+            kwargs["socket_timeout"] = kwargs["socket_connect_timeout"] = timeout
+        pool = redis.ConnectionPool(connection_class=self.connection_class, **kwargs)
+        return redis.Redis(connection_pool=pool)
+
+
+def _disconnect(conn: Any) -> None:
+    try:
+        conn.disconnect()
+    except Exception:  # noqa: BLE001 - closing a broken socket must not raise
+        pass
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def describe(exc: BaseException, node_timeout: float) -> str:
+    """A short, credential-free reason for a failed node call."""
+    if isinstance(exc, AuthenticationError) or "AUTH" in str(exc) or "WRONGPASS" in str(exc):
+        return "authentication failed"
+    if isinstance(exc, RedisTimeoutError) or isinstance(exc, TimeoutError):
+        return f"no reply within {_ms(node_timeout)}"
+    if isinstance(exc, RedisConnectionError):
+        text = str(exc).lower()
+        if "refused" in text or "111" in text:
+            return "connection refused"
+        if "closed" in text or "reset" in text:
+            return "connection lost"
+        if "timeout" in text or "timed out" in text:
+            return f"no reply within {_ms(node_timeout)}"
+        return "connection failed"
+    if isinstance(exc, ResponseError):
+        return "error reply: " + str(exc).split("\n")[0][:120]
+    if isinstance(exc, OSError):
+        return f"socket error ({exc.__class__.__name__})"
+    return f"error ({exc.__class__.__name__})"
+
+
+# -- building nodes from specs ---------------------------------------------
+
+
+def parse_nodes(specs: Any, node_timeout: float, argument: str = "nodes") -> list[Node]:
+    """Turn URLs, redis-py clients or ``{"URL", "OPTIONS"}`` mappings into nodes."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, (Sequence, set, frozenset, tuple)):
+        if isinstance(specs, Mapping) or isinstance(specs, (str, bytes)) or isinstance(specs, redis.Redis):
+            raise ValueError(f"{argument} must be a list of nodes, not a single {type(specs).__name__}.")
+        raise ValueError(f"{argument} must be a list of Redis URLs, clients or dicts; got {type(specs).__name__}.")
+    specs = list(specs)
+    if not specs:
+        raise ValueError(f"{argument} is empty; Redlock needs at least one Redis master (three or more to be useful).")
+    return [node_from_spec(spec, node_timeout, f"{argument}[{i}]") for i, spec in enumerate(specs)]
+
+
+def node_from_spec(spec: NodeSpec, node_timeout: float, where: str) -> Node:
+    if isinstance(spec, Node):
+        return spec
+    if isinstance(spec, str):
+        return _node_from_url(spec, {}, node_timeout, where)
+    if isinstance(spec, redis.Redis):
+        pool = spec.connection_pool
+        return Node(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
+    if isinstance(spec, Mapping):
+        lowered = {str(k).lower(): v for k, v in spec.items()}
+        unknown = set(lowered) - {"url", "options"}
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; expected 'URL' and optional 'OPTIONS'.")
+        url = lowered.get("url")
+        options = lowered.get("options") or {}
+        if not isinstance(url, str):
+            raise ValueError(f"{where}: 'URL' must be a Redis URL string.")
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
+        return _node_from_url(url, dict(options), node_timeout, where)
+    raise ValueError(
+        f"{where}: expected a Redis URL string, a redis.Redis client or a dict with 'URL'; got {type(spec).__name__}."
+    )
+
+
+def _node_from_url(url: str, options: dict[str, Any], node_timeout: float, where: str) -> Node:
+    _check_url(url, where)
+    try:
+        pool = redis.ConnectionPool.from_url(url, **options)
+    except (ValueError, TypeError) as exc:
+        secrets = [url, str(options.get("password") or "")]
+        raise ValueError(f"{where}: invalid Redis node {_display_url(url)!r}: {_redact(str(exc), secrets)}") from None
+    kwargs = pool.connection_kwargs
+    if "password" not in options and urlsplit(url).password:
+        kwargs["password"] = unquote(urlsplit(url).password or "")
+    return Node(pool.connection_class, kwargs, node_timeout=node_timeout)
+
+
+# -- the fan-out -----------------------------------------------------------
+
+Command = tuple[Any, ...]
+Done = Callable[[list[Any]], bool]
+
+
+class _Call:
+    __slots__ = ("node", "conn", "command", "script", "index", "keys")
+
+    def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, keys) -> None:
+        self.index = index
+        self.node = node
+        self.conn = conn
+        self.command = command
+        self.script = script
+        self.keys = keys
+
+
+def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def fanout(
+    nodes: Sequence[Node],
+    commands: Sequence[Command | None],
+    *,
+    timeout: float,
+    done: Done | None = None,
+    script: Script | None = None,
+    keys: Sequence[str] = (),
+    ordered_after_key: str | None = None,
+    allow_lagging: bool = True,
+    timings: list[float | None] | None = None,
+) -> list[Any]:
+    """Send ``commands[i]`` to ``nodes[i]`` (all before reading), then collect replies.
+
+    Returns one entry per node: the reply, or a :class:`Failure`. Stops waiting
+    when ``done(results)`` is true (results still pending are ``None`` in the
+    list passed to it) or when ``timeout`` has passed; replies not read by then
+    are left on their connection and become ``Failure("no reply ...")`` here.
+    With ``ordered_after_key``, a node whose earlier command on that key is
+    still unanswered gets this command on the same connection, unawaited.
+    ``timings``, when given, receives each node's reply time in seconds.
+    """
+    results: list[Any] = [None] * len(nodes)
+    calls: dict[int, _Call] = {}
+    sent_at = time.monotonic()
+    for i, (node, command) in enumerate(zip(nodes, commands)):
+        if command is None:
+            results[i] = Failure("skipped")
+            continue
+        try:
+            conn, parked = node.checkout(for_key=ordered_after_key, allow_lagging=allow_lagging)
+        except NodeUnavailable as exc:
+            results[i] = Failure(str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a node's failure is a vote, never an error
+            results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
+            continue
+        if parked is not None and script is not None and command[0] == "EVALSHA":
+            # A late reply on this connection is never read for NOSCRIPT: send the source.
+            command = ("EVAL", script.source, *command[2:])
+        try:
+            conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        except (RedisError, OSError, ValueError) as exc:
+            node.discard(conn)
+            results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
+            continue
+        if parked is not None:
+            # Ordered behind an unanswered command: do not wait for it.
+            node.park(conn, parked[0] + 1, [*parked[2], ordered_after_key], parked[1])
+            results[i] = Failure("queued behind an unanswered command")
+            continue
+        calls[i] = _Call(i, node, conn, command, script, keys)
+    if calls:
+        # Each node gets the full timeout after its command went out (connects can take time).
+        _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings)
+    return results
+
+
+def _collect(
+    calls: dict[int, _Call],
+    results: list[Any],
+    sent_at: float,
+    deadline: float,
+    done: Done | None,
+    timings: list[float | None] | None,
+) -> None:
+    poller = select.poll()
+    by_fd: dict[int, _Call] = {}
+    for call in calls.values():
+        fd = _fileno(call.conn)
+        if fd is None:
+            _fail(call, results, Failure("connection lost"))
+            continue
+        by_fd[fd] = call
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    waiting = dict((c.index, c) for c in by_fd.values())
+    grace = False
+    while waiting:
+        if not grace and done is not None and done(results):
+            grace = True  # outcome known: read what has already arrived, then stop
+        remaining = 0.0 if grace else max(0.0, deadline - time.monotonic())
+        ready = [by_fd[fd] for fd, _ in poller.poll(remaining * 1000) if fd in by_fd]
+        ready += [c for c in waiting.values() if c not in ready and _has_buffered(c.conn)]
+        if not ready:
+            if grace or remaining == 0.0 or time.monotonic() >= deadline:
+                break
+            continue
+        for call in ready:
+            if call.index not in waiting:
+                continue
+            try:
+                reply = call.conn.read_response()
+            except NoScriptError:
+                assert call.script is not None
+                try:
+                    call.conn.send_packed_command(
+                        call.conn.pack_command("EVAL", call.script.source, *call.command[2:]), check_health=False
+                    )
+                except (RedisError, OSError, ValueError) as exc:
+                    _fail(call, results, Failure(call.node.redact(describe(exc, call.node.node_timeout))))
+                    _unregister(poller, by_fd, call)
+                    del waiting[call.index]
+                continue
+            except ResponseError as exc:
+                results[call.index] = Failure(call.node.redact(describe(exc, call.node.node_timeout)), answered=True)
+                call.node.checkin(call.conn)
+                _unregister(poller, by_fd, call)
+                del waiting[call.index]
+                continue
+            except (RedisError, OSError, ValueError) as exc:
+                _fail(call, results, Failure(call.node.redact(describe(exc, call.node.node_timeout))))
+                _unregister(poller, by_fd, call)
+                del waiting[call.index]
+                continue
+            results[call.index] = reply
+            if timings is not None:
+                timings[call.index] = time.monotonic() - sent_at
+            call.node.checkin(call.conn)
+            _unregister(poller, by_fd, call)
+            del waiting[call.index]
+    for call in waiting.values():
+        call.node.park(call.conn, 1, list(call.keys), sent_at)
+        results[call.index] = Failure(f"no reply within {_ms(call.node.node_timeout)}")
+
+
+def _fail(call: _Call, results: list[Any], failure: Failure) -> None:
+    call.node.discard(call.conn)
+    results[call.index] = failure
+
+
+def _unregister(poller: Any, by_fd: dict[int, _Call], call: _Call) -> None:
+    for fd, other in list(by_fd.items()):
+        if other is call:
+            poller.unregister(fd)
+            del by_fd[fd]
+
+
+def _fileno(conn: Any) -> int | None:
+    sock = getattr(conn, "_sock", None)
+    try:
+        return sock.fileno() if sock is not None else None
+    except OSError:
+        return None
+
+
+def _has_buffered(conn: Any) -> bool:
+    sock = getattr(conn, "_sock", None)
+    pending = getattr(sock, "pending", None)  # TLS: decrypted bytes poll() cannot see
+    try:
+        return bool(pending and pending())
+    except Exception:  # noqa: BLE001
+        return False
