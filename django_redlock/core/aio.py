@@ -1,2 +1,681 @@
-class AsyncLock: pass
-class AsyncLockManager: pass
+"""The async twin of the engine, on ``redis.asyncio``: same rules, same errors.
+
+Each node call is a task on the running event loop: every command is written
+before any reply is awaited, and the manager stops waiting as soon as the
+outcome is known or ``node_timeout`` passes. Calls still unanswered keep
+reading in the background (bounded), holding their connection, so a late
+reply can never be read by the next command; a release for a key whose
+``SET`` is still unanswered is written to that same connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.exceptions import NoScriptError, ResponseError
+
+from django_redlock.core import base
+from django_redlock.core.base import Hooks, ManagerConfig
+from django_redlock.core.lock import LockBase
+from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
+from django_redlock.core.nodes import (
+    MAX_PENDING,
+    Failure,
+    Node,
+    NodeSpec,
+    NodeUnavailable,
+    describe,
+    parse_nodes,
+    script_command,
+)
+from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
+
+__all__ = ["AsyncLock", "AsyncLockManager"]
+
+
+class _Busy:
+    """A connection with replies still to read, and the task reading them."""
+
+    __slots__ = ("conn", "pending", "keys", "since", "task")
+
+    def __init__(self, conn: Any, keys: list[str]) -> None:
+        self.conn = conn
+        self.pending = 1
+        self.keys = keys
+        self.since = time.monotonic()
+        self.task: asyncio.Task[Any] | None = None
+
+
+class AsyncNode:
+    """One node's asyncio connections (per event loop, fork-aware)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.name = node.name
+        self.node_timeout = node.node_timeout
+        kwargs = dict(node.kwargs)
+        kwargs.pop("retry", None)
+        kwargs.pop("parser_class", None)
+        kwargs.pop("connection_class", None)
+        # Replies left behind by an early decision are read in the background for
+        # up to stale_limit; the fan-out itself waits only node_timeout.
+        kwargs["socket_timeout"] = node.stale_limit
+        self.kwargs = kwargs
+        self.connection_class = _async_class(node)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = os.getpid()
+        self._idle: list[Any] = []
+        self._busy: dict[Any, _Busy] = {}
+        self._down_until = 0.0
+        self._down_reason = ""
+
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or os.getpid() != self._pid:
+            # Connections belong to one loop (and one process): start afresh.
+            self._loop = loop
+            self._pid = os.getpid()
+            self._idle = []
+            self._busy = {}
+            self._down_until = 0.0
+
+    def lagging(self) -> bool:
+        now = time.monotonic()
+        return any(b.pending and now - b.since > self.node_timeout for b in self._busy.values())
+
+    def busy_for(self, key: str) -> _Busy | None:
+        for busy in self._busy.values():
+            if key in busy.keys and busy.pending < MAX_PENDING:
+                return busy
+        return None
+
+    def ready(self, allow_lagging: bool) -> Any:
+        """An idle connection, or None when a new one must be made. Raises when the node is skipped."""
+        self._check_loop()
+        if not allow_lagging and self.lagging():
+            raise NodeUnavailable(f"no reply to an earlier command for over {self.node_timeout * 1000:.0f} ms")
+        if time.monotonic() < self._down_until:
+            raise NodeUnavailable(self._down_reason)
+        return self._idle.pop() if self._idle else None
+
+    async def connect(self) -> Any:
+        conn = None
+        try:
+            conn = self.connection_class(**self.kwargs)
+            await asyncio.wait_for(conn.connect(), self.node_timeout)
+        except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
+            reason = self.node.redact(describe(exc, self.node_timeout))
+            self._down_until = time.monotonic() + 0.5
+            self._down_reason = reason
+            if conn is not None:
+                await _adisconnect(conn)
+            raise NodeUnavailable(reason) from None
+        return conn
+
+    def checkin(self, conn: Any) -> None:
+        if os.getpid() == self._pid:
+            self._idle.append(conn)
+
+    async def close(self) -> None:
+        conns = list(self._idle) + [b.conn for b in self._busy.values()]
+        for busy in self._busy.values():
+            if busy.task is not None:
+                busy.task.cancel()
+        self._idle, self._busy = [], {}
+        for conn in conns:
+            await _adisconnect(conn)
+
+
+def _async_class(node: Node) -> type:
+    if node.path:
+        return aredis.UnixDomainSocketConnection
+    if node.connection_class.__name__ == "SSLConnection":
+        return aredis.SSLConnection
+    return aredis.Connection
+
+
+async def _adisconnect(conn: Any) -> None:
+    try:
+        await conn.disconnect()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+async def _call(anode: AsyncNode, conn: Any, command: tuple[Any, ...], script: Script | None) -> Any:
+    """Send a command and read its reply; NOSCRIPT is answered by sending the script once."""
+    await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+    return await _read(conn, command, script)
+
+
+async def _read(conn: Any, command: tuple[Any, ...], script: Script | None) -> Any:
+    try:
+        return await conn.read_response(timeout=None)
+    except NoScriptError:
+        if script is None:
+            raise
+        await conn.send_packed_command(conn.pack_command("EVAL", script.source, *command[2:]), check_health=False)
+        return await conn.read_response(timeout=None)
+
+
+async def _finish(anode: AsyncNode, busy: _Busy, first: asyncio.Task[Any]) -> None:
+    """Read a left-over call's reply and any replies queued behind it, then free the connection."""
+    limit = anode.node.stale_limit
+    try:
+        await asyncio.wait_for(asyncio.shield(first), limit)
+        busy.pending -= 1
+        while busy.pending > 0:
+            busy.since = time.monotonic()
+            try:
+                await asyncio.wait_for(busy.conn.read_response(timeout=None), limit)
+            except ResponseError:
+                pass
+            busy.pending -= 1
+    except asyncio.CancelledError:
+        first.cancel()
+        raise
+    except Exception:  # noqa: BLE001 - an overdue or broken connection is dropped
+        first.cancel()
+        anode._busy.pop(busy.conn, None)
+        await _adisconnect(busy.conn)
+        return
+    anode._busy.pop(busy.conn, None)
+    anode.checkin(busy.conn)
+
+
+async def afanout(
+    anodes: Sequence[AsyncNode],
+    commands: Sequence[tuple[Any, ...] | None],
+    *,
+    timeout: float,
+    done: Callable[[list[Any]], bool] | None = None,
+    script: Script | None = None,
+    keys: Sequence[str] = (),
+    ordered_after_key: str | None = None,
+    allow_lagging: bool = True,
+    timings: list[float | None] | None = None,
+) -> list[Any]:
+    """The asyncio version of :func:`django_redlock.core.nodes.fanout`."""
+    results: list[Any] = [None] * len(anodes)
+    started = time.monotonic()
+    checkouts: dict[int, Any] = {}
+    conns: dict[int, Any] = {}
+    for i, (anode, command) in enumerate(zip(anodes, commands)):
+        if command is None:
+            results[i] = Failure("skipped")
+            continue
+        anode._check_loop()
+        if ordered_after_key is not None:
+            busy = anode.busy_for(ordered_after_key)
+            if busy is not None:
+                queued = command
+                if script is not None and queued[0] == "EVALSHA":
+                    queued = ("EVAL", script.source, *queued[2:])
+                busy.pending += 1  # before the await: the reader must expect this reply
+                try:
+                    await busy.conn.send_packed_command(busy.conn.pack_command(*queued), check_health=False)
+                    results[i] = Failure("queued behind an unanswered command")
+                except Exception as exc:  # noqa: BLE001 - the reader drops the broken connection
+                    results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
+                continue
+        try:
+            conn = anode.ready(allow_lagging)
+        except NodeUnavailable as exc:
+            results[i] = Failure(str(exc))
+            continue
+        if conn is not None:
+            conns[i] = conn
+        else:
+            checkouts[i] = asyncio.ensure_future(anode.connect())
+    if checkouts:
+        await asyncio.wait(checkouts.values())
+    for i, fut in checkouts.items():
+        exc = fut.exception()
+        if exc is not None:
+            results[i] = Failure(str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout))
+        else:
+            conns[i] = fut.result()
+    tasks: dict[asyncio.Task[Any], int] = {}
+    for i in sorted(conns):
+        tasks[asyncio.ensure_future(_call(anodes[i], conns[i], commands[i], script))] = i  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout
+    pending = set(tasks)
+    while pending and not (done is not None and done(results)):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        finished, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        for task in finished:
+            _settle(anodes, conns, tasks[task], task, results, timings, started)
+    for task in list(pending):
+        if task.done():
+            pending.discard(task)
+            _settle(anodes, conns, tasks[task], task, results, timings, started)
+    for task in pending:
+        i = tasks[task]
+        anode = anodes[i]
+        busy = _Busy(conns[i], list(keys))
+        busy.since = started
+        anode._busy[conns[i]] = busy
+        busy.task = asyncio.ensure_future(_finish(anode, busy, task))
+        results[i] = Failure(f"no reply within {anode.node_timeout * 1000:.0f} ms")
+    return results
+
+
+def _settle(
+    anodes: Sequence[AsyncNode],
+    conns: dict[int, Any],
+    i: int,
+    task: asyncio.Task[Any],
+    results: list[Any],
+    timings: list[float | None] | None,
+    started: float,
+) -> None:
+    anode = anodes[i]
+    exc = task.exception()
+    if exc is None:
+        results[i] = task.result()
+        if timings is not None:
+            timings[i] = time.monotonic() - started
+        anode.checkin(conns[i])
+    elif isinstance(exc, ResponseError):
+        results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)), answered=True)
+        anode.checkin(conns[i])
+    else:
+        results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
+        asyncio.ensure_future(_adisconnect(conns[i]))
+
+
+class AsyncLock(LockBase):
+    """An async Redlock: ``await lock.extend()``, ``await lock.release()``, ``async with``."""
+
+    manager: AsyncLockManager
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the ttl on a quorum within the current validity; see :meth:`Lock.extend`."""
+        await self._extend(ttl, counted=True)
+
+    async def _extend(self, ttl: float | None, *, counted: bool) -> None:
+        new_ttl = self._check_extendable(ttl, counted)
+        manager = self.manager
+        old_deadline = self._deadline
+        started = time.monotonic()
+        command = script_command(EXTEND, [self.key], [self.value, base.ms(new_ttl)])
+        results = await manager._fanout(
+            [command] * len(manager.node_list),
+            done=base.until_outcome(manager.quorum, len(manager.node_list), lambda r: r == 1),
+            script=EXTEND,
+            keys=[self.key],
+            allow_lagging=False,
+        )
+        self._judge_extend(results, started, old_deadline, new_ttl)
+
+    async def release(self) -> bool:
+        """Delete this holder's key on every node; idempotent; never raises for node failures."""
+        if not self._start_release():
+            return False
+        self.manager._forget(self)
+        results = await self.manager._release_keys(self.key, self.value)
+        return self._judge_release(results)
+
+    async def get_fencing_token(self) -> int:
+        """The fencing token (computed on first call, then cached); see :attr:`Lock.fencing_token`."""
+        if self._fencing_token is None:
+            self._fencing_token = await self.manager._fence(self)
+        return self._fencing_token
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token once ``await lock.get_fencing_token()`` has computed it."""
+        if self._fencing_token is None:
+            raise RuntimeError("Call 'await lock.get_fencing_token()' first: computing it needs the event loop.")
+        return self._fencing_token
+
+    async def __aenter__(self) -> AsyncLock:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release()
+        if self.lost and exc_type is None:
+            raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
+
+
+class AsyncLockContext:
+    """``async with manager.lock(...) as lock:``; auto-extension runs as a task on the loop."""
+
+    def __init__(
+        self,
+        manager: AsyncLockManager,
+        resource: str,
+        kwargs: dict[str, Any],
+        auto_extend: bool,
+        max_hold: float | None,
+        on_lost: Callable[[AsyncLock], Any] | None,
+    ) -> None:
+        self.manager = manager
+        self.resource = resource
+        self.kwargs = kwargs
+        self.auto_extend = auto_extend
+        self.max_hold = base.check_seconds(max_hold, "max_hold", allow_none=True)
+        if on_lost is not None and not callable(on_lost):
+            raise ValueError("on_lost must be a callable taking the lock, or None.")
+        self.on_lost = on_lost
+        self.lock: AsyncLock | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsyncLock:
+        lock = await self.manager.acquire(self.resource, **self.kwargs)
+        self.lock = lock
+        if self.auto_extend:
+            self._task = asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost))
+        return lock
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if self.lock is not None:
+            await self.lock.__aexit__(exc_type, exc, tb)
+
+
+async def _keep_alive(lock: AsyncLock, max_hold: float | None, on_lost: Callable[[AsyncLock], Any] | None) -> None:
+    from django_redlock.core.extender import EXTEND_AT, RETRY_FRACTION, logger
+    from django_redlock.exceptions import LockError, LockLost
+
+    stop_at = time.monotonic() + max_hold if max_hold is not None else None
+    reason = "it was no longer extended (max_hold or the extension limit) and expired"
+    while not (lock.released or lock.lost):
+        await asyncio.sleep(max(0.0, lock.validity - lock.ttl * EXTEND_AT))
+        if lock.released or lock.lost:
+            return
+        if stop_at is not None and time.monotonic() >= stop_at:
+            break
+        try:
+            await lock._extend(None, counted=stop_at is None)
+        except LockLost as exc:
+            if lock.lost or lock.validity <= 0:
+                reason = str(exc)
+                break
+            logger.warning("Extending lock %r failed, retrying: %s", lock.resource, exc)
+            await asyncio.sleep(max(0.001, lock.validity * RETRY_FRACTION))
+        except LockError as exc:
+            logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
+            break
+    else:
+        return
+    await asyncio.sleep(lock.validity)
+    if lock.released:
+        return
+    if lock._mark_lost(reason):
+        logger.error("Lock %r was lost: %s", lock.resource, reason)
+    if on_lost is not None:
+        try:
+            result = on_lost(lock)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # noqa: BLE001
+            logger.exception("on_lost callback for lock %r failed", lock.resource)
+
+
+class AsyncLockManager:
+    """:class:`~django_redlock.core.LockManager` for asyncio code (async views, ASGI)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.config = ManagerConfig(
+            ttl=ttl,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            clock_drift_factor=clock_drift_factor,
+            node_timeout=node_timeout,
+            key_prefix=key_prefix,
+            max_extensions=max_extensions,
+            label=label,
+            hooks=hooks,
+        )
+        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
+        self.anodes = [AsyncNode(node) for node in self.node_list]
+        self.quorum = base.quorum_of(len(self.node_list))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(node.name for node in self.node_list)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
+
+    @property
+    def key_prefix(self) -> str:
+        return self.config.key_prefix
+
+    @property
+    def node_timeout(self) -> float:
+        return self.config.node_timeout
+
+    def key(self, resource: str) -> str:
+        return self.config.key(base.check_resource(resource))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+
+    async def _fanout(self, commands: Sequence[Any], timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        return await afanout(self.anodes, commands, timeout=timeout or self.config.node_timeout, **kwargs)
+
+    async def acquire(
+        self,
+        resource: str,
+        ttl: float | None = None,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        label: str | None = None,
+    ) -> AsyncLock:
+        """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
+        resource = base.check_resource(resource)
+        ttl = base.check_ttl(ttl, self.config.ttl)
+        timeout = base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+        holder = base.new_holder(label if label is not None else self.config.label)
+        key = self.config.key(resource)
+        value = holder.encode()
+        begun = time.monotonic()
+        attempts = 0
+        total = len(self.node_list)
+        while True:
+            attempts += 1
+            started = time.monotonic()
+            results = await self._fanout(
+                [base.set_command(key, value, ttl)] * total,
+                done=base.until_outcome(self.quorum, total),
+                keys=[key],
+                allow_lagging=False,
+            )
+            validity = ttl - (time.monotonic() - started) - self.config.drift(ttl)
+            if base.count(results) >= self.quorum and validity > 0:
+                lock = AsyncLock(self, resource, holder, ttl, started)
+                base.call_hook(self.config.hooks, "acquired", lock)
+                return lock
+            await self._release_keys(key, value)
+            if not blocking:
+                break
+            pause = self.config.retry_pause()
+            if timeout is not None:
+                if time.monotonic() + pause - begun > timeout:
+                    break
+            elif self.config.retry_count is not None and attempts > self.config.retry_count:
+                break
+            await asyncio.sleep(pause)
+        error = base.not_acquired(
+            resource,
+            self.node_list,
+            results,
+            self.quorum,
+            validity_left=validity if base.count(results) >= self.quorum else None,
+            retry_after=await self._retry_after(key),
+            attempts=attempts,
+        )
+        base.call_hook(self.config.hooks, "not_acquired", resource, error)
+        raise error
+
+    def lock(
+        self,
+        resource: str,
+        ttl: float | None = None,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        label: str | None = None,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        on_lost: Callable[[AsyncLock], Any] | None = None,
+    ) -> AsyncLockContext:
+        """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
+        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        return AsyncLockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
+
+    async def is_locked(self, resource: str) -> bool:
+        key = self.key(resource)
+        results = await self._fanout([("PTTL", key)] * len(self.node_list))
+        return base.count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1)) >= self.quorum
+
+    async def force_release(self, resource: str) -> int:
+        key = self.key(resource)
+        results = await self._fanout([("DEL", key)] * len(self.node_list), max(self.config.node_timeout, 0.5))
+        return base.count(results, lambda r: r == 1)
+
+    async def live_locks(self, match: str | None = None) -> AsyncIterator[LockRecord]:
+        """Async version of :meth:`LockManager.live_locks`."""
+        pattern = self.config.scan_pattern()
+        if match:
+            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
+            pattern = pattern[:-1] + "*" + escaped + "*"
+        nodes = self.node_list
+        cursors: list[int | None] = [0] * len(nodes)
+        down: set[str] = set()
+        found: dict[str, dict[str, NodeEntry]] = {}
+        timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
+        while any(c is not None for c in cursors):
+            commands = [
+                ("SCAN", c, "MATCH", pattern, "COUNT", SCAN_COUNT) if c is not None else None for c in cursors
+            ]
+            pages = await self._fanout(commands, timeout)
+            inspect: list[Any] = []
+            page_keys: list[list[str]] = []
+            for i, page in enumerate(pages):
+                keys: list[str] = []
+                if commands[i] is not None:
+                    if isinstance(page, Failure):
+                        down.add(nodes[i].name)
+                        cursors[i] = None
+                    else:
+                        cursor, raw_keys = page
+                        cursors[i] = int(cursor) or None
+                        keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
+                page_keys.append(keys)
+                inspect.append(script_command(INSPECT, keys, []) if keys else None)
+            if not any(inspect):
+                continue
+            replies = await self._fanout(inspect, timeout, script=INSPECT)
+            for i, reply in enumerate(replies):
+                if inspect[i] is None:
+                    continue
+                if isinstance(reply, Failure):
+                    down.add(nodes[i].name)
+                    cursors[i] = None
+                    continue
+                for j, key in enumerate(page_keys[i]):
+                    raw, pttl = reply[2 * j], reply[2 * j + 1]
+                    if raw and pttl != -2:
+                        ttl = pttl / 1000.0 if pttl >= 0 else -1.0
+                        found.setdefault(key, {})[nodes[i].name] = NodeEntry(nodes[i].name, Holder.decode(raw), ttl)
+        order = {node.name: n for n, node in enumerate(nodes)}
+        for key in sorted(found):
+            resource = self.config.resource_of(key)
+            if resource is not None:
+                entries = tuple(sorted(found[key].values(), key=lambda e: order[e.node]))
+                yield LockRecord(resource, key, entries, len(nodes), self.quorum, tuple(sorted(down)))
+
+    async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
+        timings: list[float | None] = [None] * len(self.node_list)
+        results = await self._fanout([("INFO",)] * len(self.node_list), timeout, timings=timings)
+        return [status_of(n, r, t) for n, r, t in zip(self.node_list, results, timings)]
+
+    async def ping(self, timeout: float | None = None) -> dict[str, float | None]:
+        timings: list[float | None] = [None] * len(self.node_list)
+        await self._fanout([("PING",)] * len(self.node_list), timeout, timings=timings)
+        return {node.name: t for node, t in zip(self.node_list, timings)}
+
+    async def aclose(self) -> None:
+        """Close every connection made on the running loop."""
+        for anode in self.anodes:
+            await anode.close()
+
+    async def __aenter__(self) -> AsyncLockManager:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals used by AsyncLock -------------------------------------
+
+    async def _release_keys(self, key: str, value: str) -> list[Any]:
+        command = script_command(RELEASE, [key], [value])
+        return await self._fanout(
+            [command] * len(self.node_list),
+            script=RELEASE,
+            keys=[key],
+            ordered_after_key=key,
+            allow_lagging=False,
+        )
+
+    async def _retry_after(self, key: str) -> float | None:
+        results = await self._fanout([("PTTL", key)] * len(self.node_list), allow_lagging=False)
+        return base.retry_after_of(results, self.quorum)
+
+    async def _fence(self, lock: AsyncLock) -> int:
+        if not lock.locked():
+            raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
+        total = len(self.node_list)
+        fence_key = self.config.fence_key(lock.resource)
+        reads = await self._fanout(
+            [("GET", fence_key)] * total, done=base.until_outcome(self.quorum, total, lambda r: True)
+        )
+        token = base.next_fence(reads, self.quorum, lock.resource)
+        command = script_command(FENCE_RAISE, [fence_key], [token])
+        writes = await self._fanout(
+            [command] * total,
+            done=base.until_outcome(self.quorum, total, lambda r: isinstance(r, int) and r >= token),
+            script=FENCE_RAISE,
+        )
+        base.check_fence_written(lock, writes, token, self.quorum)
+        return token
+
+    def _forget(self, lock: AsyncLock) -> None:
+        """Auto-extension tasks watch ``lock.released`` themselves."""

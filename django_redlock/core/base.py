@@ -216,12 +216,17 @@ def count(results: Sequence[Any], success: Any = is_ok) -> int:
     return sum(1 for r in results if r is not None and not isinstance(r, Failure) and success(r))
 
 
-def failures_of(nodes: Sequence[Node], results: Sequence[Any], refused: str = "held by another holder") -> dict[str, str]:
+def failures_of(
+    nodes: Sequence[Node],
+    results: Sequence[Any],
+    refused: str = "held by another holder",
+    success: Any = is_ok,
+) -> dict[str, str]:
     out: dict[str, str] = {}
     for node, reply in zip(nodes, results):
         if isinstance(reply, Failure):
             out[node.name] = reply.reason
-        elif reply is None or not is_ok(reply):
+        elif reply is None or not success(reply):
             out[node.name] = refused
     return out
 

@@ -138,7 +138,7 @@ class Extender:
             if lock.lost or lock.validity <= 0:
                 self._lose(watch, str(exc))
                 return
-            retry = max(0.001, lock.validity * RETRY_FRACTION)
+            retry = max(0.01, lock.validity * RETRY_FRACTION)
             logger.warning("Extending lock %r failed, retrying in %.0f ms: %s", lock.resource, retry * 1000, exc)
             with self._cond:
                 if watch.active:

@@ -107,7 +107,7 @@ class LockBase:
             base.call_hook(manager.config.hooks, "extended", self)
             return
         refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
-        detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone").items())
+        detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", lambda r: r == 1).items())
         if refused > total - quorum or self.validity <= 0:
             reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
             self._mark_lost(reason)

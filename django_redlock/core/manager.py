@@ -300,6 +300,7 @@ class LockManager:
             script=RELEASE,
             keys=[key],
             ordered_after_key=key,
+            allow_lagging=False,
         )
 
     def _retry_after(self, key: str) -> float | None:

@@ -403,7 +403,7 @@ Done = Callable[[list[Any]], bool]
 
 
 class _Call:
-    __slots__ = ("node", "conn", "command", "script", "index", "keys")
+    __slots__ = ("node", "conn", "command", "script", "index", "keys", "skip")
 
     def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, keys) -> None:
         self.index = index
@@ -412,6 +412,7 @@ class _Call:
         self.command = command
         self.script = script
         self.keys = keys
+        self.skip = 0
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
@@ -464,12 +465,14 @@ def fanout(
             node.discard(conn)
             results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
             continue
-        if parked is not None:
-            # Ordered behind an unanswered command: do not wait for it.
+        if parked is not None and sent_at - parked[1] > node.node_timeout:
+            # Ordered behind a command that is overdue: queue it, do not wait for it.
             node.park(conn, parked[0] + 1, [*parked[2], ordered_after_key], parked[1])
             results[i] = Failure("queued behind an unanswered command")
             continue
         calls[i] = _Call(i, node, conn, command, script, keys)
+        if parked is not None:
+            calls[i].skip = parked[0]  # read the earlier replies first, then ours
     if calls:
         # Each node gets the full timeout after its command went out (connects can take time).
         _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings)
@@ -509,6 +512,8 @@ def _collect(
             if call.index not in waiting:
                 continue
             try:
+                if not _skip_earlier(call):
+                    continue  # our reply has not arrived yet
                 reply = call.conn.read_response()
             except NoScriptError:
                 assert call.script is not None
@@ -538,9 +543,26 @@ def _collect(
             call.node.checkin(call.conn)
             _unregister(poller, by_fd, call)
             del waiting[call.index]
+    late = time.monotonic() - sent_at >= min(call.node.node_timeout for call in calls.values())
     for call in waiting.values():
-        call.node.park(call.conn, 1, list(call.keys), sent_at)
-        results[call.index] = Failure(f"no reply within {_ms(call.node.node_timeout)}")
+        call.node.park(call.conn, 1 + call.skip, list(call.keys), sent_at)
+        if grace and not late:
+            results[call.index] = Failure("not awaited: the outcome was already known", answered=True)
+        else:
+            results[call.index] = Failure(f"no reply within {_ms(call.node.node_timeout)}")
+
+
+def _skip_earlier(call: _Call) -> bool:
+    """Read and drop replies to earlier commands on a reused connection; True when ours is next."""
+    while call.skip:
+        try:
+            call.conn.read_response()
+        except ResponseError:
+            pass
+        call.skip -= 1
+        if not call.conn.can_read(0):
+            return False
+    return True
 
 
 def _fail(call: _Call, results: list[Any], failure: Failure) -> None:

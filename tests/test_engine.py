@@ -1,0 +1,419 @@
+"""The engine against five real redis-server masters, with real faults."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import redis
+
+from django_redlock.core import Hooks, LockManager
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
+
+
+def keys_everywhere(servers, pattern="redlock:lock:*"):
+    found = []
+    for server in servers:
+        if server.running:
+            client = redis.Redis.from_url(server.url, socket_timeout=2)
+            found.extend(k.decode() for k in client.keys(pattern))
+            client.close()
+    return found
+
+
+def test_acquire_release_roundtrip(manager, servers):
+    lock = manager.acquire("invoice-1")
+    assert lock.locked()
+    assert 9.5 < lock.validity <= 10.0
+    assert len(lock.token) == 40 and int(lock.token, 16) >= 0
+    assert manager.is_locked("invoice-1")
+    assert sorted(keys_everywhere(servers)) == ["redlock:lock:invoice-1"] * 5
+    assert lock.release() is True
+    assert lock.release() is False  # idempotent
+    assert not manager.is_locked("invoice-1")
+    assert keys_everywhere(servers) == []
+
+
+def test_second_acquire_is_refused_with_reasons(manager):
+    held = manager.acquire("report")
+    with pytest.raises(LockNotAcquired) as info:
+        manager.acquire("report", blocking=False)
+    err = info.value
+    assert not isinstance(err, QuorumUnavailable)
+    assert (err.granted, err.quorum, err.total) == (0, 3, 5)
+    assert "0 of 5 nodes agreed, 3 needed" in str(err)
+    assert set(err.failures.values()) == {"held by another holder"}
+    assert 9.0 < err.retry_after <= 10.0
+    held.release()
+
+
+def test_value_identifies_the_holder(servers):
+    mgr = LockManager(servers.urls, label="nightly-import", retry_count=0)
+    lock = mgr.acquire("imports")
+    value = redis.Redis.from_url(servers[0].url).get("redlock:lock:imports").decode()
+    assert lock.token in value and "nightly-import" in value
+    record = next(mgr.live_locks())
+    assert record.resource == "imports"
+    assert record.holder.token == lock.token
+    assert record.holder.pid is not None and record.holder.label == "nightly-import"
+    assert record.nodes_holding == 5 and record.state == "held"
+    assert all(0 < entry.ttl <= 30 for entry in record.entries)
+    lock.release()
+    mgr.close()
+
+
+@pytest.mark.parametrize("killed", [1, 2])
+def test_quorum_survives_a_minority_killed(manager, servers, killed):
+    for server in servers[:killed]:
+        server.kill()
+    lock = manager.acquire("q")
+    assert lock.locked()
+    assert len(keys_everywhere(servers)) == 5 - killed
+    assert lock.release() is True
+    assert keys_everywhere(servers) == []
+
+
+def test_quorum_lost_with_three_killed_leaves_nothing(manager, servers):
+    for server in servers[:3]:
+        server.kill()
+    with pytest.raises(QuorumUnavailable) as info:
+        manager.acquire("q", blocking=False)
+    assert "only 2 of 5 nodes answered, 3 needed" in str(info.value)
+    assert keys_everywhere(servers) == []  # released on the two that said yes
+
+
+def test_sigstopped_node_costs_at_most_about_node_timeout(manager, servers):
+    servers[0].pause()
+    worst = 0.0
+    for i in range(20):
+        started = time.monotonic()
+        lock = manager.acquire(f"stopped-{i}")
+        lock.release()
+        worst = max(worst, time.monotonic() - started)
+    # One node_timeout is 50 ms; a pair must never wait much longer than that.
+    assert worst < 0.05 * 3, worst
+    servers[0].resume()
+
+
+def test_majority_paused_fails_fast_without_blocking(manager, servers):
+    for server in servers[:3]:
+        server.pause()
+    started = time.monotonic()
+    with pytest.raises(QuorumUnavailable) as info:
+        manager.acquire("paused", blocking=False)
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.05 * 5, elapsed
+    assert "no reply within 50 ms" in str(info.value)
+    for server in servers[:3]:
+        server.resume()
+
+
+def test_blocking_acquire_waits_for_release(manager):
+    lock = manager.acquire("queue", ttl=5)
+    got = []
+
+    def waiter():
+        got.append(manager.acquire("queue", timeout=5))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)  # let the waiter fail a few attempts first
+    assert not got
+    lock.release()
+    thread.join(5)
+    assert got and got[0].locked()
+    got[0].release()
+
+
+def test_blocking_timeout_is_respected(manager):
+    lock = manager.acquire("t")
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired) as info:
+        manager.acquire("t", timeout=0.5)
+    elapsed = time.monotonic() - started
+    assert 0.2 <= elapsed < 1.0
+    assert "attempts" in str(info.value)
+    lock.release()
+
+
+def test_extend_keeps_lock_past_first_ttl(manager):
+    lock = manager.acquire("long", ttl=0.3)
+    deadline = time.monotonic() + 0.9
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        lock.extend()
+    assert lock.locked() and lock.extensions >= 6
+    with pytest.raises(LockNotAcquired):
+        manager.acquire("long", blocking=False)
+    lock.release()
+
+
+def test_extend_after_expiry_raises_lock_lost(manager):
+    lock = manager.acquire("short", ttl=0.1)
+    time.sleep(0.15)
+    with pytest.raises(LockLost):
+        lock.extend()
+    assert lock.lost
+
+
+def test_extend_is_bounded(servers):
+    mgr = LockManager(servers.urls, max_extensions=2, retry_count=0)
+    lock = mgr.acquire("bounded")
+    lock.extend()
+    lock.extend()
+    with pytest.raises(LockError, match="max_extensions"):
+        lock.extend()
+    lock.release()
+    mgr.close()
+
+
+def test_release_never_deletes_another_holders_key(manager, servers):
+    first = manager.acquire("shared", ttl=0.1)
+    time.sleep(0.15)
+    second = manager.acquire("shared", ttl=10)
+    assert first.release() is False
+    assert first.lost  # it expired before release: reported, not silent
+    assert manager.is_locked("shared")
+    assert len(keys_everywhere(servers)) == 5
+    second.release()
+
+
+def test_context_manager_raises_when_lock_expired_inside(manager):
+    with pytest.raises(LockLost):
+        with manager.lock("ctx", ttl=0.05):
+            time.sleep(0.1)
+
+
+def test_auto_extend_holds_past_ttl_and_reports_loss(manager, servers):
+    lost = threading.Event()
+    with pytest.raises(LockLost):
+        with manager.lock("auto", ttl=0.3, auto_extend=True, on_lost=lambda lock: lost.set()) as lock:
+            time.sleep(0.9)
+            assert lock.locked() and lock.extensions >= 2
+            for server in servers[:3]:
+                server.kill()
+            assert lost.wait(2.0), "loss must be reported"
+            assert lock.lost and not lock.locked()
+
+
+def test_auto_extend_loss_raises_on_exit(manager, servers):
+    with pytest.raises(LockLost):
+        with manager.lock("auto2", ttl=0.2, auto_extend=True) as lock:
+            for server in servers[:3]:
+                server.kill()
+            deadline = time.monotonic() + 2
+            while not lock.lost and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+
+def test_auto_extend_stops_at_max_hold(manager):
+    lost = threading.Event()
+    with pytest.raises(LockLost):
+        with manager.lock("capped", ttl=0.2, auto_extend=True, max_hold=0.3, on_lost=lambda l: lost.set()):
+            assert lost.wait(2.0)
+
+
+def test_fencing_tokens_increase_across_majorities(manager, servers):
+    tokens = []
+    for victims in ([], [0, 1], [3, 4], [2]):
+        for i in victims:
+            servers[i].pause()
+        lock = manager.acquire("fenced")
+        tokens.append(lock.fencing_token)
+        assert lock.fencing_token == tokens[-1]  # cached
+        lock.release()
+        for i in victims:
+            servers[i].resume()
+    servers[0].kill()
+    servers[1].kill()
+    with manager.lock("fenced") as lock:
+        tokens.append(lock.fencing_token)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_fencing_token_after_expiry_is_refused(manager):
+    lock = manager.acquire("fence-late", ttl=0.05)
+    time.sleep(0.08)
+    with pytest.raises(LockLost):
+        lock.fencing_token
+
+
+def test_hooks_are_called(servers):
+    events = []
+
+    class Recorder(Hooks):
+        def acquired(self, lock):
+            events.append(("acquired", lock.resource))
+
+        def released(self, lock):
+            events.append(("released", lock.resource))
+
+        def extended(self, lock):
+            events.append(("extended", lock.resource))
+
+        def not_acquired(self, resource, error):
+            events.append(("not_acquired", resource))
+
+        def lost(self, lock, reason):
+            raise RuntimeError("hooks must not break locking")
+
+    mgr = LockManager(servers.urls, hooks=Recorder(), retry_count=0)
+    lock = mgr.acquire("h")
+    lock.extend()
+    with pytest.raises(LockNotAcquired):
+        mgr.acquire("h", blocking=False)
+    lock.release()
+    assert events == [("acquired", "h"), ("extended", "h"), ("not_acquired", "h"), ("released", "h")]
+    mgr.close()
+
+
+def test_force_release_and_live_locks(manager, servers):
+    for name in ("a", "b*c", "b?d"):
+        manager.acquire(name)
+    assert [r.resource for r in manager.live_locks()] == ["a", "b*c", "b?d"]
+    assert [r.resource for r in manager.live_locks(match="*")] == ["b*c"]
+    assert manager.force_release("b*c") == 5
+    assert [r.resource for r in manager.live_locks()] == ["a", "b?d"]
+    servers[4].kill()
+    records = list(manager.live_locks())
+    assert len(records) == 2 and records[0].down == (manager.nodes[4],)
+    assert records[0].nodes_holding == 4
+
+
+def test_node_status_and_ping(manager, servers):
+    servers[1].kill()
+    status = manager.node_status()
+    assert [s.reachable for s in status] == [True, False, True, True, True]
+    assert status[0].role == "master" and status[0].version and status[0].uptime is not None
+    assert status[1].error
+    pings = manager.ping()
+    assert pings[manager.nodes[1]] is None and pings[manager.nodes[0]] > 0
+
+
+def test_restarted_node_rejoins(manager, servers):
+    servers[0].kill()
+    manager.acquire("r1").release()
+    servers[0].restart()
+    time.sleep(0.6)  # the node's connect cool-off
+    lock = manager.acquire("r2")
+    assert len(keys_everywhere(servers)) == 5
+    lock.release()
+
+
+# -- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ttl": 0}, "ttl must be > 0"),
+        ({"ttl": -1}, "ttl must be > 0"),
+        ({"ttl": math.nan}, "ttl must be a finite"),
+        ({"ttl": math.inf}, "ttl must be a finite"),
+        ({"ttl": "10"}, "ttl must be a number"),
+        ({"node_timeout": 0}, "node_timeout must be > 0"),
+        ({"retry_count": -1}, "retry_count must be a whole number"),
+        ({"clock_drift_factor": 0.7}, "clock_drift_factor must be below 0.5"),
+        ({"key_prefix": 3}, "key_prefix must be a string"),
+    ],
+)
+def test_bad_manager_arguments(servers, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LockManager(servers.urls, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ([], "nodes is empty"),
+        ("redis://localhost", "must be a list"),
+        (["http://localhost:6379"], r"nodes\[0\]: unsupported scheme 'http'"),
+        (["redis://localhost:notaport"], r"nodes\[0\]: malformed Redis URL"),
+        (["redis://"], "has no host"),
+        ([42], "expected a Redis URL string"),
+        ([{"URL": "redis://x", "OPTONS": {}}], "unknown key"),
+    ],
+)
+def test_bad_nodes(nodes, message):
+    with pytest.raises(ValueError, match=message):
+        LockManager(nodes)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m.acquire(""), "resource must be a non-empty string"),
+        (lambda m: m.acquire(None), "resource must be a non-empty string"),
+        (lambda m: m.acquire(b"x"), "resource must be a non-empty string"),
+        (lambda m: m.acquire("a\nb"), "control characters"),
+        (lambda m: m.acquire("x" * 2000), "limit is 1024"),
+        (lambda m: m.acquire("x", ttl=0), "ttl must be > 0"),
+        (lambda m: m.acquire("x", timeout=-1), "timeout must be >= 0"),
+    ],
+)
+def test_bad_call_arguments(manager, servers, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(manager)
+    assert keys_everywhere(servers) == []
+
+
+def test_down_at_startup_does_not_crash(servers):
+    servers[0].kill()
+    mgr = LockManager(servers.urls, retry_count=0)  # no connection at construction
+    mgr.acquire("x").release()
+    mgr.close()
+
+
+def test_password_never_leaks(servers, tmp_path):
+    from django_redlock.testing import RedisServer
+
+    secret = "s3cr3t-Pa55"
+    guarded = [RedisServer(password=secret).start() for _ in range(3)]
+    try:
+        wrong = [s.url.replace("redis://", "redis://:wrong-pass-XYZ@") for s in guarded]
+        mgr = LockManager(wrong, retry_count=0)
+        with pytest.raises(QuorumUnavailable) as info:
+            mgr.acquire("p")
+        text = str(info.value) + repr(info.value.failures) + repr(mgr) + repr(mgr.nodes)
+        assert "wrong-pass-XYZ" not in text
+        assert "authentication failed" in text
+        good = [f"redis://:{secret}@127.0.0.1:{s.port}/0" for s in guarded]
+        mgr = LockManager(good, retry_count=0)
+        lock = mgr.acquire("p")
+        text = repr(lock) + repr(mgr.nodes) + repr(mgr.node_status()) + repr(list(mgr.live_locks()))
+        assert secret not in text
+        lock.release()
+        with pytest.raises(ValueError) as bad:
+            LockManager([f"redis://:{secret}@host:port"])
+        assert secret not in str(bad.value)
+    finally:
+        for server in guarded:
+            server.stop()
+
+
+def test_clients_and_dicts_as_nodes(servers):
+    nodes = [
+        redis.Redis.from_url(servers[0].url),
+        {"URL": servers[1].url, "OPTIONS": {"socket_keepalive": True}},
+        servers[2].url,
+    ]
+    mgr = LockManager(nodes, retry_count=0)
+    assert mgr.quorum == 2
+    mgr.acquire("mixed").release()
+    mgr.close()
+
+
+def test_unix_socket_node(tmp_path):
+    from django_redlock.testing import RedisServer
+
+    sock = tmp_path / "r.sock"
+    server = RedisServer(extra_args=["--unixsocket", str(sock), "--unixsocketperm", "700"]).start()
+    try:
+        mgr = LockManager([f"unix://{sock}?db=0"], retry_count=0)
+        assert mgr.nodes == (f"unix:{sock}",)
+        mgr.acquire("u").release()
+        mgr.close()
+    finally:
+        server.stop()
