@@ -1,0 +1,33 @@
+# django-redlock: the two commands a newcomer needs are `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast torture bench docs clean
+
+demo:  ## run the example project on 5 local Redis masters
+	@VENV=$(VENV) sh scripts/setup.sh demo
+	@$(PY) example_project/run_demo.py
+
+test:  ## the whole test suite, against real redis-server processes
+	@VENV=$(VENV) WANT_BROWSER=1 sh scripts/setup.sh test
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast:  ## the suite without the browser and torture tests
+	@VENV=$(VENV) sh scripts/setup.sh test
+	@$(PY) -m pytest -m "not browser and not torture" $(PYTEST_ARGS)
+
+torture:  ## the long fault-injection run
+	@VENV=$(VENV) sh scripts/setup.sh test
+	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -p no:randomly $(PYTEST_ARGS)
+
+bench:  ## benchmarks against pottery, redlock-py and redis-py's Lock
+	@VENV=$(VENV) sh scripts/setup.sh bench
+	@$(PY) benchmarks/bench.py
+
+docs:  ## build the docs with warnings as errors
+	@VENV=$(VENV) sh scripts/setup.sh docs
+	@$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+clean:
+	rm -rf docs/_build .pytest_cache example_project/.redis
