@@ -443,6 +443,7 @@ def fanout(
     """
     results: list[Any] = [None] * len(nodes)
     calls: dict[int, _Call] = {}
+    packed: dict[Any, Any] = {}
     sent_at = time.monotonic()
     for i, (node, command) in enumerate(zip(nodes, commands)):
         if command is None:
@@ -460,7 +461,12 @@ def fanout(
             # A late reply on this connection is never read for NOSCRIPT: send the source.
             command = ("EVAL", script.source, *command[2:])
         try:
-            conn.send_packed_command(conn.pack_command(*command), check_health=False)
+            # The same command usually goes to every node: encode it once.
+            cache_key = (command, getattr(getattr(conn, "encoder", None), "encoding", None))
+            wire = packed.get(cache_key)
+            if wire is None:
+                wire = packed[cache_key] = conn.pack_command(*command)
+            conn.send_packed_command(wire, check_health=False)
         except (RedisError, OSError, ValueError) as exc:
             node.discard(conn)
             results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
