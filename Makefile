@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast torture bench docs clean
+.PHONY: demo test test-fast test-matrix torture bench docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -16,6 +16,10 @@ test:  ## the whole test suite, against real redis-server processes
 test-fast:  ## the suite without the browser and torture tests
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@$(PY) -m pytest -m "not browser and not torture" $(PYTEST_ARGS)
+
+test-matrix:  ## the suite on Python 3.12 + Django 6 and Python 3.10 + Django 4.2, when installed
+	@VENV=$(VENV) sh scripts/setup.sh test
+	@sh scripts/matrix.sh
 
 torture:  ## the long fault-injection run
 	@VENV=$(VENV) sh scripts/setup.sh test

@@ -22,10 +22,11 @@ from django_redlock.testing import RedisServer
 WORKERS = 6
 
 
-def worker(urls, referee_url, stop_at, start, out):
+def worker(urls, referee_url, seconds, start, out):
     mgr = LockManager(urls, ttl=2.0, retry_count=None, retry_delay=0.005, retry_jitter=0.005)
     referee = redis.Redis.from_url(referee_url)
-    start.wait()
+    start.wait(60)
+    stop_at = time.monotonic() + seconds
     sections = []
     while time.monotonic() < stop_at:
         try:
@@ -51,17 +52,16 @@ def worker(urls, referee_url, stop_at, start, out):
 
 def run_contention(servers, seconds, faults=()):
     referee = RedisServer().start()
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Event()
+    ctx = multiprocessing.get_context("spawn")  # the test process has threads: no fork
+    start = ctx.Barrier(WORKERS + 1)  # every worker ready, then all go
     out = ctx.Queue()
-    stop_at = time.monotonic() + seconds
     procs = [
-        ctx.Process(target=worker, args=(servers.urls, referee.url, stop_at, start, out)) for _ in range(WORKERS)
+        ctx.Process(target=worker, args=(servers.urls, referee.url, seconds, start, out)) for _ in range(WORKERS)
     ]
     try:
         for proc in procs:
             proc.start()
-        start.set()
+        start.wait(60)
         for delay, action in faults:
             time.sleep(delay)
             action()
