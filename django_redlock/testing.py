@@ -166,11 +166,15 @@ class RedisServer:
         os.kill(self.process.pid, signal.SIGSTOP)
         self.paused = True
 
-    def resume(self) -> None:
-        """SIGCONT a paused server."""
+    def resume(self, wait: bool = True) -> None:
+        """SIGCONT a paused server; by default, return once it answers again."""
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
         self.paused = False
+        if wait:
+            deadline = time.monotonic() + 5
+            while not self._ready(self.port) and time.monotonic() < deadline:
+                time.sleep(0.005)
 
     @contextmanager
     def paused_for_block(self) -> Iterator[None]:

@@ -21,20 +21,18 @@ import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
 from django_redlock.core import base
-from django_redlock.core.base import Hooks, ManagerConfig
-from django_redlock.core.lock import LockBase
+from django_redlock.core.base import ManagerBase, Scan
+from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
 from django_redlock.core.nodes import (
     MAX_PENDING,
     Failure,
     Node,
-    NodeSpec,
     NodeUnavailable,
     describe,
-    parse_nodes,
     script_command,
 )
-from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
+from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
@@ -348,28 +346,11 @@ class AsyncLock(LockBase):
             raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
 
 
-class AsyncLockContext:
+class AsyncLockContext(ContextBase):
     """``async with manager.lock(...) as lock:``; auto-extension runs as a task on the loop."""
 
-    def __init__(
-        self,
-        manager: AsyncLockManager,
-        resource: str,
-        kwargs: dict[str, Any],
-        auto_extend: bool,
-        max_hold: float | None,
-        on_lost: Callable[[AsyncLock], Any] | None,
-    ) -> None:
-        self.manager = manager
-        self.resource = resource
-        self.kwargs = kwargs
-        self.auto_extend = auto_extend
-        self.max_hold = base.check_seconds(max_hold, "max_hold", allow_none=True)
-        if on_lost is not None and not callable(on_lost):
-            raise ValueError("on_lost must be a callable taking the lock, or None.")
-        self.on_lost = on_lost
-        self.lock: AsyncLock | None = None
-        self._task: asyncio.Task[None] | None = None
+    manager: AsyncLockManager
+    _task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncLock:
         lock = await self.manager.acquire(self.resource, **self.kwargs)
@@ -430,61 +411,16 @@ async def _keep_alive(lock: AsyncLock, max_hold: float | None, on_lost: Callable
             logger.exception("on_lost callback for lock %r failed", lock.resource)
 
 
-class AsyncLockManager:
+class AsyncLockManager(ManagerBase):
     """:class:`~django_redlock.core.LockManager` for asyncio code (async views, ASGI)."""
 
-    def __init__(
-        self,
-        nodes: Sequence[NodeSpec],
-        *,
-        ttl: float = 30.0,
-        retry_count: int | None = 3,
-        retry_delay: float = 0.2,
-        retry_jitter: float = 0.1,
-        clock_drift_factor: float = 0.01,
-        node_timeout: float = 0.05,
-        key_prefix: str = "redlock:",
-        max_extensions: int | None = 100,
-        label: str | None = None,
-        hooks: Hooks | None = None,
-    ) -> None:
-        self.config = ManagerConfig(
-            ttl=ttl,
-            retry_count=retry_count,
-            retry_delay=retry_delay,
-            retry_jitter=retry_jitter,
-            clock_drift_factor=clock_drift_factor,
-            node_timeout=node_timeout,
-            key_prefix=key_prefix,
-            max_extensions=max_extensions,
-            label=label,
-            hooks=hooks,
-        )
-        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
-        self.anodes = [AsyncNode(node) for node in self.node_list]
-        self.quorum = base.quorum_of(len(self.node_list))
+    _anodes: list[AsyncNode] | None = None
 
     @property
-    def nodes(self) -> tuple[str, ...]:
-        return tuple(node.name for node in self.node_list)
-
-    @property
-    def ttl(self) -> float:
-        return self.config.ttl
-
-    @property
-    def key_prefix(self) -> str:
-        return self.config.key_prefix
-
-    @property
-    def node_timeout(self) -> float:
-        return self.config.node_timeout
-
-    def key(self, resource: str) -> str:
-        return self.config.key(base.check_resource(resource))
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+    def anodes(self) -> list[AsyncNode]:
+        if self._anodes is None:
+            self._anodes = [AsyncNode(node) for node in self.node_list]
+        return self._anodes
 
     async def _fanout(self, commands: Sequence[Any], timeout: float | None = None, **kwargs: Any) -> list[Any]:
         return await afanout(self.anodes, commands, timeout=timeout or self.config.node_timeout, **kwargs)
@@ -572,55 +508,15 @@ class AsyncLockManager:
 
     async def live_locks(self, match: str | None = None) -> AsyncIterator[LockRecord]:
         """Async version of :meth:`LockManager.live_locks`."""
-        pattern = self.config.scan_pattern()
-        if match:
-            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
-            pattern = pattern[:-1] + "*" + escaped + "*"
-        nodes = self.node_list
-        cursors: list[int | None] = [0] * len(nodes)
-        down: set[str] = set()
-        found: dict[str, dict[str, NodeEntry]] = {}
+        scan = Scan(self.config, self.node_list, self.quorum, match)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
-        while any(c is not None for c in cursors):
-            commands = [
-                ("SCAN", c, "MATCH", pattern, "COUNT", SCAN_COUNT) if c is not None else None for c in cursors
-            ]
-            pages = await self._fanout(commands, timeout)
-            inspect: list[Any] = []
-            page_keys: list[list[str]] = []
-            for i, page in enumerate(pages):
-                keys: list[str] = []
-                if commands[i] is not None:
-                    if isinstance(page, Failure):
-                        down.add(nodes[i].name)
-                        cursors[i] = None
-                    else:
-                        cursor, raw_keys = page
-                        cursors[i] = int(cursor) or None
-                        keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
-                page_keys.append(keys)
-                inspect.append(script_command(INSPECT, keys, []) if keys else None)
-            if not any(inspect):
-                continue
-            replies = await self._fanout(inspect, timeout, script=INSPECT)
-            for i, reply in enumerate(replies):
-                if inspect[i] is None:
-                    continue
-                if isinstance(reply, Failure):
-                    down.add(nodes[i].name)
-                    cursors[i] = None
-                    continue
-                for j, key in enumerate(page_keys[i]):
-                    raw, pttl = reply[2 * j], reply[2 * j + 1]
-                    if raw and pttl != -2:
-                        ttl = pttl / 1000.0 if pttl >= 0 else -1.0
-                        found.setdefault(key, {})[nodes[i].name] = NodeEntry(nodes[i].name, Holder.decode(raw), ttl)
-        order = {node.name: n for n, node in enumerate(nodes)}
-        for key in sorted(found):
-            resource = self.config.resource_of(key)
-            if resource is not None:
-                entries = tuple(sorted(found[key].values(), key=lambda e: order[e.node]))
-                yield LockRecord(resource, key, entries, len(nodes), self.quorum, tuple(sorted(down)))
+        while scan.running:
+            commands = scan.scan_commands(SCAN_COUNT)
+            inspect = scan.inspect_commands(commands, await self._fanout(commands, timeout))
+            if any(inspect):
+                scan.take(inspect, await self._fanout(inspect, timeout, script=INSPECT))
+        for record in scan.records():
+            yield record
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)

@@ -12,8 +12,9 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.core.nodes import Failure, Node
-from django_redlock.core.records import Holder
+from django_redlock.core.nodes import Failure, Node, NodeSpec, parse_nodes, script_command
+from django_redlock.core.records import Holder, LockRecord, NodeEntry
+from django_redlock.core.scripts import INSPECT
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -334,3 +335,134 @@ def lost_error(resource: str, why: str) -> LockLost:
 
 def options_of(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(options or {})
+
+
+class ManagerBase:
+    """Construction and plain attributes shared by the sync and async managers."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.config = ManagerConfig(
+            ttl=ttl,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            clock_drift_factor=clock_drift_factor,
+            node_timeout=node_timeout,
+            key_prefix=key_prefix,
+            max_extensions=max_extensions,
+            label=label,
+            hooks=hooks,
+        )
+        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
+        self.quorum = quorum_of(len(self.node_list))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Node names, without credentials."""
+        return tuple(node.name for node in self.node_list)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
+
+    @property
+    def key_prefix(self) -> str:
+        return self.config.key_prefix
+
+    @property
+    def node_timeout(self) -> float:
+        return self.config.node_timeout
+
+    def key(self, resource: str) -> str:
+        """The Redis key that locks ``resource``."""
+        return self.config.key(check_resource(resource))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+
+
+class Scan:
+    """The state of a ``live_locks()`` walk: SCAN every node in lockstep, inspect each page.
+
+    Each round the manager sends :meth:`scan_commands`, hands the pages to
+    :meth:`inspect_commands`, sends those, and hands the replies to
+    :meth:`take`; :meth:`records` gives the result once :attr:`running` is false.
+    """
+
+    def __init__(self, config: ManagerConfig, nodes: Sequence[Node], quorum: int, match: str | None) -> None:
+        pattern = config.scan_pattern()
+        if match:
+            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
+            pattern = pattern[:-1] + "*" + escaped + "*"
+        self.pattern = pattern
+        self.config = config
+        self.nodes = nodes
+        self.quorum = quorum
+        self.cursors: list[int | None] = [0] * len(nodes)
+        self.down: set[str] = set()
+        self.found: dict[str, dict[str, NodeEntry]] = {}
+        self.page_keys: list[list[str]] = []
+
+    @property
+    def running(self) -> bool:
+        return any(c is not None for c in self.cursors)
+
+    def scan_commands(self, count: int) -> list[tuple[Any, ...] | None]:
+        return [("SCAN", c, "MATCH", self.pattern, "COUNT", count) if c is not None else None for c in self.cursors]
+
+    def inspect_commands(self, commands: Sequence[Any], pages: Sequence[Any]) -> list[tuple[Any, ...] | None]:
+        self.page_keys = []
+        inspect: list[tuple[Any, ...] | None] = []
+        for i, page in enumerate(pages):
+            keys: list[str] = []
+            if commands[i] is not None:
+                if isinstance(page, Failure):
+                    self.down.add(self.nodes[i].name)
+                    self.cursors[i] = None
+                else:
+                    cursor, raw_keys = page
+                    self.cursors[i] = int(cursor) or None
+                    keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
+            self.page_keys.append(keys)
+            inspect.append(script_command(INSPECT, keys, []) if keys else None)
+        return inspect
+
+    def take(self, inspect: Sequence[Any], replies: Sequence[Any]) -> None:
+        for i, reply in enumerate(replies):
+            if inspect[i] is None:
+                continue
+            name = self.nodes[i].name
+            if isinstance(reply, Failure):
+                self.down.add(name)
+                self.cursors[i] = None
+                continue
+            for j, key in enumerate(self.page_keys[i]):
+                raw, pttl = reply[2 * j], reply[2 * j + 1]
+                if raw and pttl != -2:
+                    ttl = pttl / 1000.0 if pttl >= 0 else -1.0
+                    self.found.setdefault(key, {})[name] = NodeEntry(name, Holder.decode(raw), ttl)
+
+    def records(self) -> list[LockRecord]:
+        order = {node.name: n for n, node in enumerate(self.nodes)}
+        down = tuple(sorted(self.down))
+        out = []
+        for key in sorted(self.found):
+            resource = self.config.resource_of(key)
+            if resource is not None:
+                entries = tuple(sorted(self.found[key].values(), key=lambda e: order[e.node]))
+                out.append(LockRecord(resource, key, entries, len(self.nodes), self.quorum, down))
+        return out

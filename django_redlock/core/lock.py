@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django_redlock.core import base
 from django_redlock.core.nodes import Failure, fanout, script_command
 from django_redlock.core.records import Holder
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE
+from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost
 
 if TYPE_CHECKING:
@@ -219,22 +219,17 @@ class Lock(LockBase):
             raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
 
 
-class LockContext:
-    """``with manager.lock(...) as lock:`` acquires on entry and releases on exit.
-
-    If the lock was lost while the block ran (expired, or auto-extension failed)
-    and the block raised nothing, exiting raises
-    :class:`~django_redlock.exceptions.LockLost`: a lost lock is never silent.
-    """
+class ContextBase:
+    """Arguments of ``manager.lock(...)``, checked before anything is acquired."""
 
     def __init__(
         self,
-        manager: LockManager,
+        manager: Any,
         resource: str,
         kwargs: dict[str, Any],
         auto_extend: bool,
         max_hold: float | None,
-        on_lost: Callable[[Lock], Any] | None,
+        on_lost: Callable[[Any], Any] | None,
     ) -> None:
         self.manager = manager
         self.resource = resource
@@ -244,7 +239,18 @@ class LockContext:
         if on_lost is not None and not callable(on_lost):
             raise ValueError("on_lost must be a callable taking the lock, or None.")
         self.on_lost = on_lost
-        self.lock: Lock | None = None
+        self.lock: Any = None
+
+
+class LockContext(ContextBase):
+    """``with manager.lock(...) as lock:`` acquires on entry and releases on exit.
+
+    If the lock was lost while the block ran (expired, or auto-extension failed)
+    and the block raised nothing, exiting raises
+    :class:`~django_redlock.exceptions.LockLost`: a lost lock is never silent.
+    """
+
+    manager: LockManager
 
     def __enter__(self) -> Lock:
         lock = self.manager.acquire(self.resource, **self.kwargs)

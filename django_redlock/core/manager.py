@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.base import Hooks, ManagerConfig
+from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
-from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_nodes, script_command
-from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
+from django_redlock.core.nodes import Failure, Node, fanout, script_command
+from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import FENCE_RAISE, INSPECT, RELEASE
 
 __all__ = ["LockManager"]
@@ -21,7 +21,7 @@ ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
 
 
-class LockManager:
+class LockManager(ManagerBase):
     """Acquire Redlock locks on a set of independent Redis masters.
 
     ``nodes`` are Redis URLs (``redis://``, ``rediss://``, ``unix://``),
@@ -30,62 +30,13 @@ class LockManager:
     counts as a failed vote.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[NodeSpec],
-        *,
-        ttl: float = 30.0,
-        retry_count: int | None = 3,
-        retry_delay: float = 0.2,
-        retry_jitter: float = 0.1,
-        clock_drift_factor: float = 0.01,
-        node_timeout: float = 0.05,
-        key_prefix: str = "redlock:",
-        max_extensions: int | None = 100,
-        label: str | None = None,
-        hooks: Hooks | None = None,
-    ) -> None:
-        self.config = ManagerConfig(
-            ttl=ttl,
-            retry_count=retry_count,
-            retry_delay=retry_delay,
-            retry_jitter=retry_jitter,
-            clock_drift_factor=clock_drift_factor,
-            node_timeout=node_timeout,
-            key_prefix=key_prefix,
-            max_extensions=max_extensions,
-            label=label,
-            hooks=hooks,
-        )
-        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
-        self.quorum = base.quorum_of(len(self.node_list))
-        self._extender = Extender()
-
-    # -- plain attributes ----------------------------------------------------
+    _extender_instance: Extender | None = None
 
     @property
-    def nodes(self) -> tuple[str, ...]:
-        """Node names, without credentials."""
-        return tuple(node.name for node in self.node_list)
-
-    @property
-    def ttl(self) -> float:
-        return self.config.ttl
-
-    @property
-    def key_prefix(self) -> str:
-        return self.config.key_prefix
-
-    @property
-    def node_timeout(self) -> float:
-        return self.config.node_timeout
-
-    def key(self, resource: str) -> str:
-        """The Redis key that locks ``resource``."""
-        return self.config.key(base.check_resource(resource))
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+    def _extender(self) -> Extender:
+        if self._extender_instance is None:
+            self._extender_instance = Extender()
+        return self._extender_instance
 
     # -- acquisition ------------------------------------------------------
 
@@ -198,58 +149,14 @@ class LockManager:
         and ttls in the same round. ``match`` keeps resources containing that
         text. A node that fails is listed in each record's ``down``.
         """
-        pattern = self.config.scan_pattern()
-        if match:
-            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
-            pattern = pattern[:-1] + "*" + escaped + "*"
-        nodes = self.node_list
-        cursors: list[int | None] = [0] * len(nodes)
-        down: set[str] = set()
-        found: dict[str, dict[str, NodeEntry]] = {}
+        scan = Scan(self.config, self.node_list, self.quorum, match)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
-        while any(c is not None for c in cursors):
-            commands = [
-                ("SCAN", c, "MATCH", pattern, "COUNT", SCAN_COUNT) if c is not None else None for c in cursors
-            ]
-            pages = fanout(nodes, commands, timeout=timeout)
-            inspect: list[Any] = []
-            page_keys: list[list[str]] = []
-            for i, page in enumerate(pages):
-                keys: list[str] = []
-                if commands[i] is None:
-                    pass
-                elif isinstance(page, Failure):
-                    down.add(nodes[i].name)
-                    cursors[i] = None
-                else:
-                    cursor, raw_keys = page
-                    cursors[i] = int(cursor) or None
-                    keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
-                page_keys.append(keys)
-                inspect.append(script_command(INSPECT, keys, []) if keys else None)
-            if not any(inspect):
-                continue
-            replies = fanout(nodes, inspect, timeout=timeout, script=INSPECT)
-            for i, reply in enumerate(replies):
-                if inspect[i] is None:
-                    continue
-                if isinstance(reply, Failure):
-                    down.add(nodes[i].name)
-                    cursors[i] = None
-                    continue
-                for j, key in enumerate(page_keys[i]):
-                    raw, pttl = reply[2 * j], reply[2 * j + 1]
-                    if not raw or pttl == -2:
-                        continue
-                    ttl = pttl / 1000.0 if pttl >= 0 else -1.0
-                    found.setdefault(key, {})[nodes[i].name] = NodeEntry(nodes[i].name, Holder.decode(raw), ttl)
-        order = {node.name: n for n, node in enumerate(nodes)}
-        for key in sorted(found):
-            resource = self.config.resource_of(key)
-            if resource is None:
-                continue
-            entries = tuple(sorted(found[key].values(), key=lambda e: order[e.node]))
-            yield LockRecord(resource, key, entries, len(nodes), self.quorum, tuple(sorted(down)))
+        while scan.running:
+            commands = scan.scan_commands(SCAN_COUNT)
+            inspect = scan.inspect_commands(commands, fanout(self.node_list, commands, timeout=timeout))
+            if any(inspect):
+                scan.take(inspect, fanout(self.node_list, inspect, timeout=timeout, script=INSPECT))
+        yield from scan.records()
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         """Ask every node for INFO; a node that does not answer is reported, not raised."""
