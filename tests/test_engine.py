@@ -220,7 +220,7 @@ def test_fencing_tokens_increase_across_majorities(manager, servers):
     for victims in ([], [0, 1], [3, 4], [2]):
         for i in victims:
             servers[i].pause()
-        lock = manager.acquire("fenced")
+        lock = manager.acquire("fenced", timeout=2)  # a just-resumed node may lag for a moment
         tokens.append(lock.fencing_token)
         assert lock.fencing_token == tokens[-1]  # cached
         lock.release()
@@ -228,7 +228,7 @@ def test_fencing_tokens_increase_across_majorities(manager, servers):
             servers[i].resume()
     servers[0].kill()
     servers[1].kill()
-    with manager.lock("fenced") as lock:
+    with manager.lock("fenced", timeout=2) as lock:
         tokens.append(lock.fencing_token)
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
