@@ -35,7 +35,7 @@ def servers(redis_servers):
 
 @pytest.fixture
 def manager(servers):
-    mgr = LockManager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.05)
+    mgr = LockManager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.05, restart_window=0)
     yield mgr
     mgr.close()
 

@@ -50,7 +50,7 @@ def test_second_acquire_is_refused_with_reasons(manager):
 
 
 def test_value_identifies_the_holder(servers):
-    mgr = LockManager(servers.urls, label="nightly-import", retry_count=0)
+    mgr = LockManager(servers.urls, label="nightly-import", retry_count=0, restart_window=0)
     lock = mgr.acquire("imports")
     value = redis.Redis.from_url(servers[0].url).get("redlock:lock:imports").decode()
     assert lock.token in value and "nightly-import" in value
@@ -159,7 +159,7 @@ def test_extend_after_expiry_raises_lock_lost(manager):
 
 
 def test_extend_is_bounded(servers):
-    mgr = LockManager(servers.urls, max_extensions=2, retry_count=0)
+    mgr = LockManager(servers.urls, max_extensions=2, retry_count=0, restart_window=0)
     lock = mgr.acquire("bounded")
     lock.extend()
     lock.extend()
@@ -259,7 +259,7 @@ def test_hooks_are_called(servers):
         def lost(self, lock, reason):
             raise RuntimeError("hooks must not break locking")
 
-    mgr = LockManager(servers.urls, hooks=Recorder(), retry_count=0)
+    mgr = LockManager(servers.urls, hooks=Recorder(), retry_count=0, restart_window=0)
     lock = mgr.acquire("h")
     lock.extend()
     with pytest.raises(LockNotAcquired):
@@ -361,7 +361,7 @@ def test_bad_call_arguments(manager, servers, call, message):
 
 def test_down_at_startup_does_not_crash(servers):
     servers[0].kill()
-    mgr = LockManager(servers.urls, retry_count=0)  # no connection at construction
+    mgr = LockManager(servers.urls, retry_count=0, restart_window=0)  # no connection at construction
     mgr.acquire("x").release()
     mgr.close()
 
@@ -373,14 +373,14 @@ def test_password_never_leaks(servers, tmp_path):
     guarded = [RedisServer(password=secret).start() for _ in range(3)]
     try:
         wrong = [s.url.replace("redis://", "redis://:wrong-pass-XYZ@") for s in guarded]
-        mgr = LockManager(wrong, retry_count=0)
+        mgr = LockManager(wrong, retry_count=0, restart_window=0)
         with pytest.raises(QuorumUnavailable) as info:
             mgr.acquire("p")
         text = str(info.value) + repr(info.value.failures) + repr(mgr) + repr(mgr.nodes)
         assert "wrong-pass-XYZ" not in text
         assert "authentication failed" in text
         good = [f"redis://:{secret}@127.0.0.1:{s.port}/0" for s in guarded]
-        mgr = LockManager(good, retry_count=0)
+        mgr = LockManager(good, retry_count=0, restart_window=0)
         lock = mgr.acquire("p")
         text = repr(lock) + repr(mgr.nodes) + repr(mgr.node_status()) + repr(list(mgr.live_locks()))
         assert secret not in text
@@ -399,7 +399,7 @@ def test_clients_and_dicts_as_nodes(servers):
         {"URL": servers[1].url, "OPTIONS": {"socket_keepalive": True}},
         servers[2].url,
     ]
-    mgr = LockManager(nodes, retry_count=0)
+    mgr = LockManager(nodes, retry_count=0, restart_window=0)
     assert mgr.quorum == 2
     mgr.acquire("mixed").release()
     mgr.close()
@@ -411,7 +411,7 @@ def test_unix_socket_node(tmp_path):
     sock = tmp_path / "r.sock"
     server = RedisServer(extra_args=["--unixsocket", str(sock), "--unixsocketperm", "700"]).start()
     try:
-        mgr = LockManager([f"unix://{sock}?db=0"], retry_count=0)
+        mgr = LockManager([f"unix://{sock}?db=0"], retry_count=0, restart_window=0)
         assert mgr.nodes == (f"unix:{sock}",)
         mgr.acquire("u").release()
         mgr.close()

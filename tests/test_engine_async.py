@@ -14,7 +14,7 @@ from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailab
 
 @pytest.fixture
 async def amanager(servers):
-    mgr = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0)
+    mgr = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, restart_window=0)
     yield mgr
     await mgr.aclose()
 

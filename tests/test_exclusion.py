@@ -23,7 +23,7 @@ WORKERS = 6
 
 
 def worker(urls, referee_url, seconds, start, out):
-    mgr = LockManager(urls, ttl=2.0, retry_count=None, retry_delay=0.005, retry_jitter=0.005)
+    mgr = LockManager(urls, ttl=2.0, retry_count=None, retry_delay=0.005, retry_jitter=0.005, restart_window=0)
     referee = redis.Redis.from_url(referee_url)
     start.wait(60)
     stop_at = time.monotonic() + seconds

@@ -28,9 +28,11 @@ from django_redlock.core.nodes import (
     MAX_PENDING,
     Failure,
     Node,
+    PROBE,
     NodeUnavailable,
     describe,
     script_command,
+    sitting_out_failure,
 )
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
@@ -101,13 +103,20 @@ class AsyncNode:
             raise NodeUnavailable(f"no reply to an earlier command for over {self.node_timeout * 1000:.0f} ms")
         if time.monotonic() < self._down_until:
             raise NodeUnavailable(self._down_reason)
-        return self._idle.pop() if self._idle else None
+        while self._idle:
+            conn = self._idle.pop()
+            reader = getattr(conn, "_reader", None)
+            if reader is not None and not reader.at_eof() and not reader._buffer:
+                return conn
+            asyncio.ensure_future(_adisconnect(conn))  # closed by the server: make a new one
+        return None
 
     async def connect(self) -> Any:
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             await asyncio.wait_for(conn.connect(), self.node_timeout)
+            conn._redlock_probed = False  # learn uptime and persistence with the next vote
         except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
             reason = self.node.redact(describe(exc, self.node_timeout))
             self._down_until = time.monotonic() + 0.5
@@ -146,9 +155,20 @@ async def _adisconnect(conn: Any) -> None:
         pass
 
 
-async def _call(anode: AsyncNode, conn: Any, command: tuple[Any, ...], script: Script | None) -> Any:
-    """Send a command and read its reply; NOSCRIPT is answered by sending the script once."""
-    await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+async def _call(anode: AsyncNode, conn: Any, command: tuple[Any, ...], script: Script | None, probe: bool) -> Any:
+    """Send a command (after a probe, on a new connection) and read its reply."""
+    if not probe:
+        await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        return await _read(conn, command, script)
+    conn._redlock_probed = True
+    await conn.send_packed_command(conn.pack_commands([*PROBE, command]), check_health=False)
+    replies: list[Any] = []
+    for _ in PROBE:
+        try:
+            replies.append(await conn.read_response(timeout=None))
+        except ResponseError as exc:
+            replies.append(exc)
+    anode.node.learn(replies, time.monotonic())
     return await _read(conn, command, script)
 
 
@@ -198,6 +218,7 @@ async def afanout(
     ordered_after_key: str | None = None,
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
+    restart_window: float = 0.0,
 ) -> list[Any]:
     """The asyncio version of :func:`django_redlock.core.nodes.fanout`."""
     results: list[Any] = [None] * len(anodes)
@@ -241,7 +262,9 @@ async def afanout(
             conns[i] = fut.result()
     tasks: dict[asyncio.Task[Any], int] = {}
     for i in sorted(conns):
-        tasks[asyncio.ensure_future(_call(anodes[i], conns[i], commands[i], script))] = i  # type: ignore[arg-type]
+        probe = restart_window > 0 and getattr(conns[i], "_redlock_probed", True) is False
+        call = _call(anodes[i], conns[i], commands[i], script, probe)  # type: ignore[arg-type]
+        tasks[asyncio.ensure_future(call)] = i
     deadline = time.monotonic() + timeout
     pending = set(tasks)
     while pending and not (done is not None and done(results)):
@@ -250,11 +273,11 @@ async def afanout(
             break
         finished, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         for task in finished:
-            _settle(anodes, conns, tasks[task], task, results, timings, started)
+            _settle(anodes, conns, tasks[task], task, results, timings, started, restart_window)
     for task in list(pending):
         if task.done():
             pending.discard(task)
-            _settle(anodes, conns, tasks[task], task, results, timings, started)
+            _settle(anodes, conns, tasks[task], task, results, timings, started, restart_window)
     for task in pending:
         i = tasks[task]
         anode = anodes[i]
@@ -274,11 +297,12 @@ def _settle(
     results: list[Any],
     timings: list[float | None] | None,
     started: float,
+    window: float,
 ) -> None:
     anode = anodes[i]
     exc = task.exception()
     if exc is None:
-        results[i] = task.result()
+        results[i] = (window > 0 and sitting_out_failure(anode.node, window)) or task.result()
         if timings is not None:
             timings[i] = time.monotonic() - started
         anode.checkin(conns[i])
@@ -452,6 +476,7 @@ class AsyncLockManager(ManagerBase):
                 done=base.until_outcome(self.quorum, total),
                 keys=[key],
                 allow_lagging=False,
+                restart_window=self.config.window(ttl),
             )
             validity = ttl - (time.monotonic() - started) - self.config.drift(ttl)
             if base.count(results) >= self.quorum and validity > 0:
@@ -521,7 +546,9 @@ class AsyncLockManager(ManagerBase):
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)
         results = await self._fanout([("INFO",)] * len(self.node_list), timeout, timings=timings)
-        return [status_of(n, r, t) for n, r, t in zip(self.node_list, results, timings)]
+        fsync = await self._fanout([("CONFIG", "GET", "appendfsync")] * len(self.node_list), timeout)
+        window = self.config.window()
+        return [status_of(*row, window) for row in zip(self.node_list, results, fsync, timings)]
 
     async def ping(self, timeout: float | None = None) -> dict[str, float | None]:
         timings: list[float | None] = [None] * len(self.node_list)
@@ -560,8 +587,11 @@ class AsyncLockManager(ManagerBase):
             raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
         total = len(self.node_list)
         fence_key = self.config.fence_key(lock.resource)
+        window = self.config.window()
         reads = await self._fanout(
-            [("GET", fence_key)] * total, done=base.until_outcome(self.quorum, total, lambda r: True)
+            [("GET", fence_key)] * total,
+            done=base.until_outcome(self.quorum, total, lambda r: True),
+            restart_window=window,
         )
         token = base.next_fence(reads, self.quorum, lock.resource)
         command = script_command(FENCE_RAISE, [fence_key], [token])
@@ -569,6 +599,7 @@ class AsyncLockManager(ManagerBase):
             [command] * total,
             done=base.until_outcome(self.quorum, total, lambda r: isinstance(r, int) and r >= token),
             script=FENCE_RAISE,
+            restart_window=window,
         )
         base.check_fence_written(lock, writes, token, self.quorum)
         return token

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -124,8 +125,11 @@ class ManagerConfig:
         max_extensions: int | None = 100,
         label: str | None = None,
         hooks: Hooks | None = None,
+        restart_window: float | None = None,
     ) -> None:
         self.ttl = check_ttl(ttl, 30.0)
+        self.restart_window = check_seconds(restart_window, "restart_window", allow_none=True, allow_zero=True)
+        self.max_ttl = self.ttl
         self.retry_count = check_count(retry_count, "retry_count", allow_none=True)
         self.retry_delay = check_seconds(retry_delay, "retry_delay", allow_zero=True)
         self.retry_jitter = check_seconds(retry_jitter, "retry_jitter", allow_zero=True)
@@ -150,6 +154,12 @@ class ManagerConfig:
 
     def key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"
+
+    def window(self, ttl: float | None = None) -> float:
+        """How long a restarted node sits out: ``restart_window``, or the longest ttl used."""
+        if ttl is not None and ttl > self.max_ttl:
+            self.max_ttl = ttl
+        return self.restart_window if self.restart_window is not None else self.max_ttl
 
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
@@ -305,7 +315,10 @@ def next_fence(reads: Sequence[Any], quorum: int, resource: str) -> int:
         raise lost_error(
             resource, f"only {len(values)} nodes answered the fencing read, {quorum} needed; no token was issued"
         )
-    return max(values) + 1
+    # Never below the wall clock in microseconds: if counters were lost with
+    # restarted nodes, tokens still move forward with time.
+    floor = time.time_ns() // 1000  # wall clock: a floor for tokens, never used for validity
+    return max(max(values) + 1, floor)
 
 
 def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quorum: int) -> None:
@@ -354,6 +367,7 @@ class ManagerBase:
         max_extensions: int | None = 100,
         label: str | None = None,
         hooks: Hooks | None = None,
+        restart_window: float | None = None,
     ) -> None:
         self.config = ManagerConfig(
             ttl=ttl,
@@ -366,6 +380,7 @@ class ManagerBase:
             max_extensions=max_extensions,
             label=label,
             hooks=hooks,
+            restart_window=restart_window,
         )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
         self.quorum = quorum_of(len(self.node_list))

@@ -10,7 +10,7 @@ from django_redlock.core import base
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
-from django_redlock.core.nodes import Failure, Node, fanout, script_command
+from django_redlock.core.nodes import Failure, Node, fanout, parse_info, script_command
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import FENCE_RAISE, INSPECT, RELEASE
 
@@ -70,7 +70,7 @@ class LockManager(ManagerBase):
         while True:
             attempts += 1
             started = time.monotonic()
-            results = self._set_all(key, value, ttl)
+            results = self._set_all(key, value, ttl, self.config.window(ttl))
             finished = time.monotonic()
             validity = ttl - (finished - started) - self.config.drift(ttl)
             if base.count(results) >= self.quorum and validity > 0:
@@ -163,7 +163,9 @@ class LockManager(ManagerBase):
         nodes = self.node_list
         timings: list[float | None] = [None] * len(nodes)
         results = fanout(nodes, [("INFO",)] * len(nodes), timeout=timeout, timings=timings)
-        return [status_of(node, reply, timing) for node, reply, timing in zip(nodes, results, timings)]
+        fsync = fanout(nodes, [("CONFIG", "GET", "appendfsync")] * len(nodes), timeout=timeout)
+        window = self.config.window()
+        return [status_of(*row, window) for row in zip(nodes, results, fsync, timings)]
 
     def ping(self, timeout: float | None = None) -> dict[str, float | None]:
         """Round-trip time to each node in seconds, or None for a node that did not answer."""
@@ -186,7 +188,7 @@ class LockManager(ManagerBase):
 
     # -- internals used by Lock -----------------------------------------
 
-    def _set_all(self, key: str, value: str, ttl: float) -> list[Any]:
+    def _set_all(self, key: str, value: str, ttl: float, window: float) -> list[Any]:
         nodes = self.node_list
         return fanout(
             nodes,
@@ -195,6 +197,7 @@ class LockManager(ManagerBase):
             done=base.until_outcome(self.quorum, len(nodes)),
             keys=[key],
             allow_lagging=False,
+            restart_window=window,
         )
 
     def _release_keys(self, key: str, value: str) -> list[Any]:
@@ -221,11 +224,25 @@ class LockManager(ManagerBase):
         nodes = self.node_list
         fence_key = self.config.fence_key(lock.resource)
         answered = base.until_outcome(self.quorum, len(nodes), lambda r: True)
-        reads = fanout(nodes, [("GET", fence_key)] * len(nodes), timeout=self.config.node_timeout, done=answered)
+        window = self.config.window()
+        reads = fanout(
+            nodes,
+            [("GET", fence_key)] * len(nodes),
+            timeout=self.config.node_timeout,
+            done=answered,
+            restart_window=window,
+        )
         token = base.next_fence(reads, self.quorum, lock.resource)
         command = script_command(FENCE_RAISE, [fence_key], [token])
         acked = base.until_outcome(self.quorum, len(nodes), lambda r: isinstance(r, int) and r >= token)
-        writes = fanout(nodes, [command] * len(nodes), timeout=self.config.node_timeout, done=acked, script=FENCE_RAISE)
+        writes = fanout(
+            nodes,
+            [command] * len(nodes),
+            timeout=self.config.node_timeout,
+            done=acked,
+            script=FENCE_RAISE,
+            restart_window=window,
+        )
         base.check_fence_written(lock, writes, token, self.quorum)
         return token
 
@@ -236,13 +253,18 @@ class LockManager(ManagerBase):
         self._extender.remove(lock)
 
 
-def status_of(node: Node, reply: Any, latency: float | None) -> NodeStatus:
+def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
+    """Describe a node from its INFO and CONFIG GET appendfsync replies."""
     common = {"host": node.host, "port": node.port, "path": node.path}
     if isinstance(reply, Failure) or reply is None:
         return NodeStatus(node.name, False, error=str(reply) if reply else "no reply", **common)
     info = parse_info(reply)
     persistence = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
-    uptime = info.get("uptime_in_seconds")
+    if isinstance(fsync, list) and len(fsync) == 2:
+        persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
+    uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
+    durable = persistence.get("aof_enabled") == "1" and persistence.get("appendfsync") == "always"
+    sits_out = max(0.0, window - uptime) if uptime is not None and not durable and window > 0 else 0.0
     return NodeStatus(
         node.name,
         True,
@@ -250,17 +272,8 @@ def status_of(node: Node, reply: Any, latency: float | None) -> NodeStatus:
         role=info.get("role"),
         run_id=info.get("run_id"),
         version=info.get("redis_version"),
-        uptime=float(uptime) if uptime is not None else None,
+        uptime=uptime,
         persistence=persistence,
+        sits_out_for=sits_out,
         **common,
     )
-
-
-def parse_info(reply: Any) -> dict[str, str]:
-    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and ":" in line:
-            name, _, value = line.partition(":")
-            info[name.strip()] = value.strip()
-    return info

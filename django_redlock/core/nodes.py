@@ -200,6 +200,8 @@ class Node:
         self._parked: dict[Any, list[Any]] = {}
         self._down_until = 0.0
         self._down_reason = ""
+        #: What the last probe learned: (uptime s, monotonic time read, fsyncs every write, run id).
+        self.probe: tuple[float, float, bool, str] | None = None
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
@@ -238,6 +240,38 @@ class Node:
                 self._parked.pop(conn, None)
                 _disconnect(conn)
 
+    def learn(self, replies: Sequence[Any], received: float) -> None:
+        """Record a probe's INFO and CONFIG GET appendfsync replies."""
+        info = parse_info(replies[0]) if not isinstance(replies[0], Exception) else {}
+
+        def config(reply: Any) -> str:
+            # CONFIG may be renamed or denied: unknown counts as "not durable".
+            if isinstance(reply, list) and len(reply) == 2:
+                value = reply[1]
+                return value.decode() if isinstance(value, bytes) else str(value)
+            return ""
+
+        durable = config(replies[1]) == "yes" and config(replies[2]) == "always"
+        try:
+            uptime = float(info["uptime_in_seconds"])
+        except (KeyError, ValueError):
+            return
+        self.probe = (uptime, received, durable, info.get("run_id", ""))
+
+    def sitting_out(self, window: float, now: float) -> float:
+        """Seconds this node must still sit out after a restart (0 when it may vote).
+
+        A node restarted without fsync-every-write persistence may have lost
+        keys of locks that are still valid; it does not vote until its uptime
+        passes ``window`` (the longest ttl in use).
+        """
+        if window <= 0 or self.probe is None:
+            return 0.0
+        uptime, seen, durable, _ = self.probe
+        if durable:
+            return 0.0
+        return max(0.0, window - (uptime + now - seen))
+
     def lagging(self, now: float) -> bool:
         """True while a reply from this node is overdue by more than the node timeout."""
         return any(state[0] and now - state[1] > self.node_timeout for state in self._parked.values())
@@ -261,12 +295,16 @@ class Node:
                 raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
             if now < self._down_until:
                 raise NodeUnavailable(self._down_reason)
-            if self._idle:
-                return self._idle.pop(), None
+            while self._idle:
+                conn = self._idle.pop()
+                if _idle_ok(conn):
+                    return conn, None
+                _disconnect(conn)  # closed by the server (restart, timeout): make a new one
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             conn.connect()
+            conn._redlock_probed = False  # learn uptime and persistence with the next vote
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
             reason = self.redact(describe(exc, self.node_timeout))
             with self._mutex:
@@ -310,6 +348,14 @@ class Node:
         return redis.Redis(connection_pool=pool)
 
 
+def _idle_ok(conn: Any) -> bool:
+    """An idle connection has nothing to read; EOF or stray bytes mean it is unusable."""
+    try:
+        return not conn.can_read(0)
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _disconnect(conn: Any) -> None:
     try:
         conn.disconnect()
@@ -341,6 +387,24 @@ def describe(exc: BaseException, node_timeout: float) -> str:
     if isinstance(exc, OSError):
         return f"socket error ({exc.__class__.__name__})"
     return f"error ({exc.__class__.__name__})"
+
+
+#: Sent ahead of the first vote on a new connection: is this node freshly restarted?
+PROBE: tuple[tuple[Any, ...], ...] = (
+    ("INFO", "server"),
+    ("CONFIG", "GET", "appendonly"),
+    ("CONFIG", "GET", "appendfsync"),
+)
+
+
+def parse_info(reply: Any) -> dict[str, str]:
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            info[name.strip()] = value.strip()
+    return info
 
 
 # -- building nodes from specs ---------------------------------------------
@@ -403,7 +467,7 @@ Done = Callable[[list[Any]], bool]
 
 
 class _Call:
-    __slots__ = ("node", "conn", "command", "script", "index", "keys", "skip")
+    __slots__ = ("node", "conn", "command", "script", "index", "keys", "skip", "probe", "probe_replies")
 
     def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, keys) -> None:
         self.index = index
@@ -413,6 +477,8 @@ class _Call:
         self.script = script
         self.keys = keys
         self.skip = 0
+        self.probe = 0
+        self.probe_replies: list[Any] = []
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
@@ -430,6 +496,7 @@ def fanout(
     ordered_after_key: str | None = None,
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
+    restart_window: float = 0.0,
 ) -> list[Any]:
     """Send ``commands[i]`` to ``nodes[i]`` (all before reading), then collect replies.
 
@@ -440,6 +507,9 @@ def fanout(
     With ``ordered_after_key``, a node whose earlier command on that key is
     still unanswered gets this command on the same connection, unawaited.
     ``timings``, when given, receives each node's reply time in seconds.
+    With ``restart_window``, the replies are votes: a node restarted less than
+    that many seconds ago (without fsync-every-write persistence) sits out, and
+    a new connection first asks the node for its uptime in the same write.
     """
     results: list[Any] = [None] * len(nodes)
     calls: dict[int, _Call] = {}
@@ -466,6 +536,10 @@ def fanout(
             wire = packed.get(cache_key)
             if wire is None:
                 wire = packed[cache_key] = conn.pack_command(*command)
+            probe = restart_window > 0 and getattr(conn, "_redlock_probed", True) is False
+            if probe:
+                wire = conn.pack_commands(PROBE) + list(wire)
+                conn._redlock_probed = True
             conn.send_packed_command(wire, check_health=False)
         except (RedisError, OSError, ValueError) as exc:
             node.discard(conn)
@@ -479,10 +553,25 @@ def fanout(
         calls[i] = _Call(i, node, conn, command, script, keys)
         if parked is not None:
             calls[i].skip = parked[0]  # read the earlier replies first, then ours
+        elif probe:
+            calls[i].probe = len(PROBE)
     if calls:
         # Each node gets the full timeout after its command went out (connects can take time).
-        _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings)
+        _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings, restart_window)
     return results
+
+
+def sitting_out_failure(node: Node, window: float) -> Failure | None:
+    """A failure for a node that must not vote yet after a restart, else None."""
+    now = time.monotonic()
+    left = node.sitting_out(window, now)
+    if left <= 0:
+        return None
+    uptime = node.probe[0] + now - node.probe[1] if node.probe else 0.0
+    return Failure(
+        f"restarted {uptime:.1f} s ago without fsync-always persistence; "
+        f"sits out for {left:.1f} s more (delayed restart)"
+    )
 
 
 def _collect(
@@ -492,6 +581,7 @@ def _collect(
     deadline: float,
     done: Done | None,
     timings: list[float | None] | None,
+    window: float = 0.0,
 ) -> None:
     poller = select.poll()
     by_fd: dict[int, _Call] = {}
@@ -543,7 +633,7 @@ def _collect(
                 _unregister(poller, by_fd, call)
                 del waiting[call.index]
                 continue
-            results[call.index] = reply
+            results[call.index] = (window > 0 and sitting_out_failure(call.node, window)) or reply
             if timings is not None:
                 timings[call.index] = time.monotonic() - sent_at
             call.node.checkin(call.conn)
@@ -551,7 +641,7 @@ def _collect(
             del waiting[call.index]
     late = time.monotonic() - sent_at >= min(call.node.node_timeout for call in calls.values())
     for call in waiting.values():
-        call.node.park(call.conn, 1 + call.skip, list(call.keys), sent_at)
+        call.node.park(call.conn, 1 + call.skip + call.probe, list(call.keys), sent_at)
         if grace and not late:
             results[call.index] = Failure("not awaited: the outcome was already known", answered=True)
         else:
@@ -559,13 +649,19 @@ def _collect(
 
 
 def _skip_earlier(call: _Call) -> bool:
-    """Read and drop replies to earlier commands on a reused connection; True when ours is next."""
-    while call.skip:
+    """Read replies that precede ours (earlier commands, a probe); True when ours is next."""
+    while call.skip or call.probe:
         try:
-            call.conn.read_response()
-        except ResponseError:
-            pass
-        call.skip -= 1
+            reply = call.conn.read_response()
+        except ResponseError as exc:
+            reply = exc
+        if call.skip:
+            call.skip -= 1
+        else:
+            call.probe -= 1
+            call.probe_replies.append(reply)
+            if not call.probe:
+                call.node.learn(call.probe_replies, time.monotonic())
         if not call.conn.can_read(0):
             return False
     return True

@@ -136,3 +136,5 @@ class NodeStatus:
     path: str | None = None
     error: str | None = None
     persistence: dict[str, str] = field(default_factory=dict)
+    #: Seconds this node still sits out after a restart (delayed-restart rule); 0 when it votes.
+    sits_out_for: float = 0.0

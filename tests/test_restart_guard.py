@@ -1,0 +1,118 @@
+"""The delayed-restart rule, enforced in code.
+
+A node restarted without fsync-every-write persistence may have forgotten
+locks that are still valid. Until its uptime passes the longest ttl in use,
+it must not vote. These tests restart a real node empty under a held lock.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.exceptions import LockNotAcquired
+
+TTL = 1.0
+
+
+def wait_until_old(manager, seconds):
+    """Let every node's uptime pass ``seconds`` (the session's servers may be young)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        uptimes = [s.uptime for s in manager.node_status() if s.reachable]
+        if uptimes and min(uptimes) > seconds:
+            return
+        time.sleep(0.1)
+    raise AssertionError("nodes never got old enough")
+
+
+def wait_reachable(manager):
+    """Wait out the engine's short reconnect cool-off after nodes came back."""
+    deadline = time.monotonic() + 5
+    while None in manager.ping().values():
+        assert time.monotonic() < deadline, "nodes did not come back"
+        time.sleep(0.05)
+
+
+def hold_on_three(manager, servers):
+    """Acquire while nodes 3 and 4 are down, so the lock lives on nodes 0, 1, 2 only.
+
+    Nodes 3 and 4 then come back empty; with node 2 restarted too, a majority
+    of the nodes has no trace of a lock that is still valid.
+    """
+    servers[3].kill()
+    servers[4].kill()
+    lock = manager.acquire("guarded")
+    servers[3].start()
+    servers[4].start()
+    return lock
+
+
+def test_restarted_node_sits_out_until_the_window_passes(servers):
+    guarded = LockManager(servers.urls, ttl=TTL, retry_count=0)  # window = longest ttl = 1 s
+    wait_until_old(guarded, TTL + 0.2)
+    lock = hold_on_three(guarded, servers)
+    servers[2].restart()  # loses the key of a lock that is still valid
+    wait_reachable(guarded)
+    with pytest.raises(LockNotAcquired) as info:
+        guarded.acquire("guarded", blocking=False)
+    assert lock.locked(), "the first lock is still valid: nobody else may hold it"
+    for i in (2, 3, 4):
+        reason = info.value.failures[guarded.nodes[i]]
+        assert "delayed restart" in reason and "sits out" in reason
+    status = guarded.node_status()
+    assert [s.sits_out_for > 0 for s in status] == [False, False, True, True, True]
+    # Once the window has passed (and the first lock has expired) node 2 votes again.
+    time.sleep(TTL + 0.1)
+    assert not lock.locked()
+    second = guarded.acquire("guarded", blocking=False)
+    assert second.locked()
+    second.release()
+    guarded.close()
+
+
+def test_without_the_guard_the_same_restart_breaks_exclusion(servers):
+    """The known-unsafe case, shown on purpose: why the rule above exists."""
+    guarded = LockManager(servers.urls, ttl=TTL, retry_count=0)
+    wait_until_old(guarded, TTL + 0.2)
+    unguarded = LockManager(servers.urls, ttl=TTL, retry_count=0, restart_window=0)
+    first = hold_on_three(guarded, servers)
+    servers[2].restart()
+    wait_reachable(unguarded)
+    second = unguarded.acquire("guarded", blocking=False)
+    assert first.locked() and second.locked(), "two holders at once: the unsafe case"
+    second.release()
+    guarded.close()
+    unguarded.close()
+
+
+def test_durable_nodes_vote_at_once(tmp_path):
+    from django_redlock.testing import RedisServers
+
+    durable = ["--appendonly", "yes", "--appendfsync", "always"]
+    with RedisServers(3, extra_args=durable) as fresh:
+        mgr = LockManager(fresh.urls, ttl=30, retry_count=0)
+        mgr.acquire("fresh-but-durable").release()  # uptime ~0 s, but every write is fsynced
+        assert all(s.sits_out_for == 0 for s in mgr.node_status())
+        mgr.close()
+    with RedisServers(3) as fresh:
+        mgr = LockManager(fresh.urls, ttl=30, retry_count=0)
+        with pytest.raises(LockNotAcquired, match="delayed restart"):
+            mgr.acquire("fresh-and-volatile")
+        mgr.close()
+
+
+async def test_async_manager_applies_the_same_rule(servers):
+    amgr = AsyncLockManager(servers.urls, ttl=TTL, retry_count=0)
+    sync = LockManager(servers.urls, ttl=TTL, retry_count=0)
+    wait_until_old(sync, TTL + 0.2)
+    lock = hold_on_three(sync, servers)
+    servers[2].restart()
+    wait_reachable(sync)
+    with pytest.raises(LockNotAcquired, match="delayed restart"):
+        await amgr.acquire("guarded", blocking=False)
+    assert lock.locked()
+    await amgr.aclose()
+    sync.close()
