@@ -60,8 +60,12 @@ class RedisServer:
         extra_args: Sequence[str] = (),
         workdir: str | None = None,
         password: str | None = None,
+        tls: tuple[str, str, str] | None = None,
     ) -> None:
+        """``tls`` is ``(cert file, key file, CA file)``: also listen with TLS on :attr:`tls_port`."""
         self.port = port
+        self.tls = tls
+        self.tls_port: int | None = None
         self.extra_args = list(extra_args)
         self.password = password
         self._own_dir = workdir is None
@@ -74,6 +78,11 @@ class RedisServer:
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        """``rediss://`` URL of the TLS port (servers started with ``tls=...``)."""
+        return f"rediss://127.0.0.1:{self.tls_port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +117,11 @@ class RedisServer:
             ]
             if self.password:
                 args += ["--requirepass", self.password]
+            if self.tls:
+                self.tls_port = self.tls_port or free_port()
+                cert, key, ca = self.tls
+                args += ["--tls-port", str(self.tls_port), "--tls-cert-file", cert, "--tls-key-file", key]
+                args += ["--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
             args += self.extra_args
             self.process = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

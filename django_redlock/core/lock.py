@@ -202,6 +202,11 @@ class Lock(LockBase):
         A later holder acquires only after this lock's validity ended, so after
         the write reached a quorum; any quorum it reads from shares a node with
         that one, so it reads at least this token and picks a higher one.
+
+        Tokens are also never below the wall clock in microseconds, so if
+        counters are lost with nodes restarted empty, later tokens still move
+        forward as long as client clocks do not step back by more than the
+        time between the two acquisitions. Store them in a 64-bit column.
         Raises :class:`~django_redlock.exceptions.LockLost` when the lock
         expired before the token was safely written.
         """

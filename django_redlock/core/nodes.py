@@ -17,6 +17,7 @@ is written to the same connection.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import select
 import threading
@@ -46,6 +47,8 @@ except ImportError:  # pragma: no cover - very old redis-py
 from django_redlock.core.scripts import Script
 
 __all__ = ["Failure", "Node", "NodeSpec", "fanout", "parse_nodes"]
+
+logger = logging.getLogger("django_redlock")
 
 SCHEMES = ("redis", "rediss", "unix")
 
@@ -202,6 +205,7 @@ class Node:
         self._down_reason = ""
         #: What the last probe learned: (uptime s, monotonic time read, fsyncs every write, run id).
         self.probe: tuple[float, float, bool, str] | None = None
+        self._probe_warned = False
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
@@ -255,6 +259,13 @@ class Node:
         try:
             uptime = float(info["uptime_in_seconds"])
         except (KeyError, ValueError):
+            if not self._probe_warned:
+                self._probe_warned = True
+                logger.warning(
+                    "Node %s does not tell its uptime (INFO denied?): the delayed-restart rule "
+                    "cannot be enforced for it. Allow INFO and CONFIG GET for the lock user.",
+                    self.name,
+                )
             return
         self.probe = (uptime, received, durable, info.get("run_id", ""))
 

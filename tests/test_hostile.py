@@ -1,0 +1,224 @@
+"""Hostile nodes and hostile names: TLS + ACL, garbage, dropped connections, glob characters."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_redlock.core import LockManager
+from django_redlock.core.records import Holder
+from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
+from django_redlock.testing import RedisServer
+
+
+# -- TLS and ACL ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed: cannot make TLS certificates (apt-get install openssl)")
+    d = tmp_path_factory.mktemp("tls")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=redlock-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.crt", "-days", "2", "-extfile", "ext")
+    return str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt")
+
+
+ACL_USER = ["--user", "locker", "on", ">Acl-Secret-77", "~*", "&*", "+@all"]
+
+
+@pytest.fixture(scope="module")
+def tls_servers(tls_files):
+    servers = [RedisServer(tls=tls_files, extra_args=ACL_USER).start() for _ in range(3)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def tls_urls(servers, ca, password="Acl-Secret-77"):
+    return [
+        f"rediss://locker:{password}@127.0.0.1:{s.tls_port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+        for s in servers
+    ]
+
+
+def test_tls_with_acl_user(tls_servers, tls_files):
+    mgr = LockManager(tls_urls(tls_servers, tls_files[2]), retry_count=0, restart_window=0)
+    lock = mgr.acquire("over-tls")
+    assert lock.fencing_token > 0
+    assert [r.resource for r in mgr.live_locks()] == ["over-tls"]
+    assert all(s.reachable for s in mgr.node_status())
+    assert lock.release()
+    assert "Acl-Secret-77" not in repr(mgr.nodes) + repr(mgr.node_status())
+    mgr.close()
+
+
+def test_tls_wrong_acl_password_is_a_clear_error(tls_servers, tls_files):
+    mgr = LockManager(tls_urls(tls_servers, tls_files[2], "Wrong-Secret-99"), retry_count=0, restart_window=0)
+    with pytest.raises(QuorumUnavailable) as info:
+        mgr.acquire("over-tls")
+    text = str(info.value)
+    assert "authentication failed" in text and "Wrong-Secret-99" not in text
+
+
+def test_plain_client_against_tls_port_fails_fast(tls_servers):
+    urls = [f"redis://locker:Acl-Secret-77@127.0.0.1:{s.tls_port}/0" for s in tls_servers]
+    mgr = LockManager(urls, retry_count=0, restart_window=0)
+    started = time.monotonic()
+    with pytest.raises(QuorumUnavailable):
+        mgr.acquire("plain-on-tls")
+    assert time.monotonic() - started < 1.0
+    assert "Acl-Secret-77" not in repr(mgr.nodes)
+
+
+# -- misbehaving nodes -----------------------------------------------------------
+
+
+class FakeNode:
+    """A TCP listener that misbehaves on purpose: answers garbage or hangs up mid-call.
+
+    It stands in for a broken *network peer*, not for Redis: the locking itself
+    is always decided by the real masters next to it.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.stopped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stopped:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                while conn.recv(65536):
+                    if self.mode == "garbage":
+                        conn.sendall(b"%%% not RESP at all \x00\xff\r\n")
+                    elif self.mode == "drop":
+                        conn.shutdown(socket.SHUT_RDWR)
+                        return
+            except OSError:
+                return
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        self.stopped = True
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode", ["garbage", "drop"])
+def test_broken_minority_node_is_just_a_failed_vote(servers, mode):
+    fake = FakeNode(mode)
+    try:
+        mgr = LockManager([*servers.urls[:4], fake.url], retry_count=0, restart_window=0)
+        for i in range(5):
+            lock = mgr.acquire(f"broken-{i}")
+            assert lock.locked()
+            lock.release()
+        mgr.close()
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("mode", ["garbage", "drop"])
+def test_broken_majority_fails_fast_and_leaves_nothing(servers, mode):
+    fakes = [FakeNode(mode) for _ in range(3)]
+    try:
+        mgr = LockManager([*servers.urls[:2], *(f.url for f in fakes)], retry_count=0, restart_window=0)
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired) as info:
+            mgr.acquire("broken-majority")
+        assert time.monotonic() - started < 0.5
+        assert not isinstance(info.value.__cause__, redis.RedisError)
+        for server in servers[:2]:
+            assert redis.Redis.from_url(server.url).keys("*") == []
+        mgr.close()
+    finally:
+        for fake in fakes:
+            fake.close()
+
+
+# -- hostile names -------------------------------------------------------------------
+
+GLOBS = st.text(alphabet=st.sampled_from("*?[]^-\\ab:"), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=GLOBS)
+def test_glob_names_never_touch_other_keys(manager, servers, name):
+    servers.heal()
+    bystanders = ["a", "ab", "b", "a:b", "[ab]", "a*"]
+    for other in bystanders:
+        if other != name:
+            manager.acquire(other)
+    lock = manager.acquire(name)
+    seen = [r.resource for r in manager.live_locks(match=name)]
+    assert name in seen
+    assert all(name in resource for resource in seen)  # match is a substring, never a pattern
+    assert manager.force_release(name) == 5
+    remaining = sorted(r.resource for r in manager.live_locks())
+    assert remaining == sorted(o for o in bystanders if o != name)
+    lock.release()
+
+
+@settings(max_examples=60, deadline=None)
+@given(label=st.one_of(st.none(), st.text(max_size=40)), token=st.text(min_size=1, max_size=50))
+def test_holder_value_round_trips(label, token):
+    holder = Holder(token, "host-1", 42, label, 1700000000.5)
+    assert Holder.decode(holder.encode()) == holder
+    assert Holder.decode(holder.encode().encode("utf-8")) == holder
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.binary(max_size=80))
+def test_foreign_values_decode_without_error(raw):
+    holder = Holder.decode(raw)
+    assert holder is not None and isinstance(holder.token, str)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(resource=st.text(min_size=1, max_size=40))
+def test_any_resource_is_accepted_or_refused_clearly(resource, manager):
+    try:
+        key = manager.key(resource)
+    except ValueError as exc:
+        assert "resource" in str(exc)
+        assert any(ord(c) < 32 or ord(c) == 127 for c in resource)
+    else:
+        assert key == "redlock:lock:" + resource
+
+
+def test_non_ascii_and_long_names_work(manager):
+    for name in ("fa\u00e7ade-\u6587\u66f8-\U0001f512", "x" * 1024):
+        lock = manager.acquire(name)
+        assert [r.resource for r in manager.live_locks()] == [name]
+        lock.release()
