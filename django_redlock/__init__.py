@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable, StaleToken
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,7 @@ __all__ = [
     "LockManager",
     "LockNotAcquired",
     "QuorumUnavailable",
+    "StaleToken",
     "get_async_lock_manager",
     "get_lock_manager",
     "redlock",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost"]
+__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken"]
 
 
 class LockError(Exception):
@@ -48,3 +48,14 @@ class QuorumUnavailable(LockNotAcquired):
 
 class LockLost(LockError):
     """The lock expired or was taken over: the holder must stop working on the resource."""
+
+
+class StaleToken(LockLost):
+    """The storage already accepted a higher fencing token: this holder is stale and must stop."""
+
+    def __init__(self, message: str, *, resource: str | None = None, token: int = 0, stored: int = 0) -> None:
+        super().__init__(message, resource=resource)
+        #: The token this writer carried.
+        self.token = token
+        #: The higher token the storage holds.
+        self.stored = stored

@@ -16,6 +16,10 @@ command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_SERVER:-}" ] || missing
 if [ "$WANT_BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
     missing="$missing chromium"
 fi
+if [ "${WANT_POSTGRES:-0}" = 1 ] && ! command -v initdb >/dev/null 2>&1 \
+    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    missing="$missing postgresql"
+fi
 
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -28,6 +32,7 @@ if [ -n "$missing" ]; then
         for pkg in $missing; do
             case "$pkg" in
                 chromium) echo "note: chromium not found; the browser test will be skipped (Debian: apt-get install chromium)." ;;
+                postgresql) echo "note: PostgreSQL not found; the fencing test runs on SQLite only (Debian: apt-get install postgresql)." ;;
                 *)
                     echo "error: '$pkg' is required. Install it first:" >&2
                     echo "  Debian/Ubuntu: sudo apt-get install $pkg" >&2
