@@ -23,7 +23,7 @@ test-matrix:  ## the suite on Python 3.12 + Django 6 and Python 3.10 + Django 4.
 
 torture:  ## the long fault-injection run
 	@VENV=$(VENV) sh scripts/setup.sh test
-	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -p no:randomly $(PYTEST_ARGS)
+	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -s $(PYTEST_ARGS)
 
 bench:  ## benchmarks against pottery, redlock-py and redis-py's Lock
 	@VENV=$(VENV) sh scripts/setup.sh bench

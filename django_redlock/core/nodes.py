@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from collections import deque
@@ -56,6 +57,8 @@ SCHEMES = ("redis", "rediss", "unix")
 STALE_LIMIT_MIN = 1.0
 #: After a failed connect, leave the node alone this long.
 COOL_OFF = 0.5
+#: Idle connections older than this are checked for a close by the server before use.
+IDLE_CHECK = 0.5
 #: At most this many unread replies are queued on one parked connection.
 MAX_PENDING = 256
 
@@ -239,7 +242,7 @@ class Node:
                 continue
             if not state[0]:
                 self._parked.pop(conn, None)
-                self._idle.append(conn)
+                self._idle.append((conn, now))
             elif now - state[1] > self.stale_limit:
                 self._parked.pop(conn, None)
                 _disconnect(conn)
@@ -307,15 +310,16 @@ class Node:
             if now < self._down_until:
                 raise NodeUnavailable(self._down_reason)
             while self._idle:
-                conn = self._idle.pop()
-                if _idle_ok(conn):
+                conn, idle_since = self._idle.pop()
+                # A connection idle for a while may have been closed by a restart: look first.
+                if now - idle_since < IDLE_CHECK or _idle_ok(conn):
                     return conn, None
-                _disconnect(conn)  # closed by the server (restart, timeout): make a new one
+                _disconnect(conn)  # closed by the server: make a new one
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             conn.connect()
-            conn._redlock_probed = False  # learn uptime and persistence with the next vote
+            conn = Wire(conn)  # from here on the engine reads and writes the socket itself
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
             reason = self.redact(describe(exc, self.node_timeout))
             with self._mutex:
@@ -330,7 +334,7 @@ class Node:
         if os.getpid() != self._pid:
             return
         with self._mutex:
-            self._idle.append(conn)
+            self._idle.append((conn, time.monotonic()))
 
     def park(self, conn: Any, pending: int, keys: Sequence[str], sent_at: float) -> None:
         if os.getpid() != self._pid or pending > MAX_PENDING:
@@ -344,7 +348,7 @@ class Node:
 
     def close(self) -> None:
         with self._mutex:
-            conns = list(self._idle) + list(self._parked)
+            conns = [conn for conn, _ in self._idle] + list(self._parked)
             self._idle.clear()
             self._parked.clear()
         for conn in conns:
@@ -416,6 +420,165 @@ def parse_info(reply: Any) -> dict[str, str]:
             name, _, value = line.partition(":")
             info[name.strip()] = value.strip()
     return info
+
+
+# -- the wire: RESP2 on the connected socket -----------------------------------
+
+_INCOMPLETE = object()
+_ERRORS = {
+    "NOSCRIPT": NoScriptError,
+    "WRONGPASS": AuthenticationError,
+    "NOAUTH": AuthenticationError,
+}
+
+
+def _error(line: bytes) -> ResponseError:
+    text = line.decode("utf-8", "replace")
+    return _ERRORS.get(text.split(" ", 1)[0], ResponseError)(text)
+
+
+def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
+    """Parse one RESP2 reply at ``pos``: ``(value, next position)`` or ``(_INCOMPLETE, pos)``."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return _INCOMPLETE, pos
+    kind = buf[pos]
+    line = bytes(buf[pos + 1 : end])
+    after = end + 2
+    if kind == 43:  # +simple
+        return line, after
+    if kind == 58:  # :integer
+        return int(line), after
+    if kind == 36:  # $bulk
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(buf) < after + size + 2:
+            return _INCOMPLETE, pos
+        return bytes(buf[after : after + size]), after + size + 2
+    if kind == 42:  # *array
+        count = int(line)
+        if count < 0:
+            return None, after
+        items = []
+        for _ in range(count):
+            item, after = _parse(buf, after)
+            if item is _INCOMPLETE:
+                return _INCOMPLETE, pos
+            items.append(item)
+        return items, after
+    if kind == 45:  # -error
+        return _error(line), after
+    raise ValueError(f"not a RESP2 reply (first byte {kind!r})")
+
+
+def _arg(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value).encode()
+    raise TypeError(f"cannot send {type(value).__name__} to Redis")
+
+
+def pack(args: Sequence[Any]) -> bytes:
+    """Encode one command as a RESP2 array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for value in args:
+        data = _arg(value)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class Wire:
+    """A connected redis-py connection, read and written directly.
+
+    redis-py makes the connection (TCP or TLS, AUTH, SELECT); after that the
+    engine writes pre-encoded commands to the socket and parses the replies
+    itself, which keeps a fan-out cheap enough to cost about one round trip.
+    """
+
+    __slots__ = ("conn", "_sock", "_buf", "_pos", "_redlock_probed")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._sock = conn._sock
+        self._buf = bytearray()
+        self._pos = 0
+        self._redlock_probed = False
+
+    encoder = None
+
+    @staticmethod
+    def pack_command(*args: Any) -> bytes:
+        return pack(args)
+
+    @staticmethod
+    def pack_commands(commands: Sequence[Sequence[Any]]) -> bytes:
+        return b"".join(pack(c) for c in commands)
+
+    def send_packed_command(self, data: bytes, check_health: bool = False) -> None:
+        try:
+            self._sock.sendall(data)
+        except socket.timeout:
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            raise RedisConnectionError(f"Error writing to socket: {exc.__class__.__name__}") from None
+
+    def buffered(self) -> bool:
+        """True when a whole reply is already buffered (poll() would not report it)."""
+        if self._pos < len(self._buf):
+            try:
+                return _parse(self._buf, self._pos)[0] is not _INCOMPLETE
+            except ValueError:
+                return True
+        pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes poll() cannot see
+        return bool(pending and pending())
+
+    def can_read(self, timeout: float = 0) -> bool:
+        if self.buffered():
+            return True
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        if not poller.poll(timeout * 1000):
+            return False
+        self._fill()
+        return True
+
+    def read_response(self) -> Any:
+        while True:
+            if self._pos < len(self._buf):
+                try:
+                    reply, after = _parse(self._buf, self._pos)
+                except ValueError as exc:
+                    raise RedisConnectionError(f"Protocol error: {exc}") from None
+                if reply is not _INCOMPLETE:
+                    self._pos = after
+                    if after == len(self._buf):
+                        self._buf.clear()
+                        self._pos = 0
+                    if isinstance(reply, ResponseError):
+                        raise reply
+                    return reply
+            self._fill()
+
+    def _fill(self) -> None:
+        try:
+            data = self._sock.recv(65536)
+        except socket.timeout:
+            raise RedisTimeoutError("Timeout reading from socket") from None
+        except OSError as exc:
+            raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
+        if not data:
+            raise RedisConnectionError("Connection closed by server.")
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def disconnect(self) -> None:
+        self.conn.disconnect()
 
 
 # -- building nodes from specs ---------------------------------------------
@@ -549,7 +712,7 @@ def fanout(
                 wire = packed[cache_key] = conn.pack_command(*command)
             probe = restart_window > 0 and getattr(conn, "_redlock_probed", True) is False
             if probe:
-                wire = conn.pack_commands(PROBE) + list(wire)
+                wire = conn.pack_commands(PROBE) + wire
                 conn._redlock_probed = True
             conn.send_packed_command(wire, check_health=False)
         except (RedisError, OSError, ValueError) as exc:
@@ -699,9 +862,7 @@ def _fileno(conn: Any) -> int | None:
 
 
 def _has_buffered(conn: Any) -> bool:
-    sock = getattr(conn, "_sock", None)
-    pending = getattr(sock, "pending", None)  # TLS: decrypted bytes poll() cannot see
     try:
-        return bool(pending and pending())
+        return conn.buffered()
     except Exception:  # noqa: BLE001
         return False
