@@ -48,4 +48,14 @@ STATIC_URL = "/static/"
 # Filled per test by the ``redlock_settings`` fixture; unreachable by default so
 # that a test forgetting the fixture fails loudly instead of touching a real server.
 REDLOCK_NODES: list = []
-REDLOCK = {"NODE_TIMEOUT": 0.05}
+# The suite's redis-server processes are seconds old: without fsync-always they
+# would sit out for the delayed-restart window, so the rule is off here (and
+# tested on its own in test_restart_guard.py).
+REDLOCK = {"NODE_TIMEOUT": 0.05, "RESTART_WINDOW": 0, "RETRY_COUNT": 0}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "loggers": {"django_redlock": {"handlers": ["null"], "level": "DEBUG", "propagate": True}},
+}

@@ -80,6 +80,9 @@ class AsyncNode:
         loop = asyncio.get_running_loop()
         if loop is not self._loop or os.getpid() != self._pid:
             # Connections belong to one loop (and one process): start afresh.
+            if os.getpid() == self._pid:
+                for conn in [*self._idle, *(b.conn for b in self._busy.values())]:
+                    _abandon(conn)
             self._loop = loop
             self._pid = os.getpid()
             self._idle = []
@@ -146,6 +149,17 @@ def _async_class(node: Node) -> type:
     if node.connection_class.__name__ == "SSLConnection":
         return aredis.SSLConnection
     return aredis.Connection
+
+
+def _abandon(conn: Any) -> None:
+    """Drop a connection of another event loop: abort it if that loop still runs, else leave it to GC."""
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    loop = getattr(transport, "_loop", None)
+    try:
+        if transport is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(transport.abort)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 async def _adisconnect(conn: Any) -> None:

@@ -1,0 +1,164 @@
+"""System checks for the lock topology.
+
+The default checks read settings only. The ones that must ask the nodes
+(replicas, one server under two addresses, eviction policy) run with
+``manage.py check --deploy`` or ``manage.py check --tag redlock_nodes``;
+``manage.py redlock status`` shows the rest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.core.checks import Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+
+from django_redlock import conf
+
+__all__ = ["Codes", "Hints", "Messages"]
+
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+TAG = "redlock"
+NODES_TAG = "redlock_nodes"
+
+
+class Codes:
+    SETTINGS = "django_redlock.E001"
+    OPTIONS = "django_redlock.E002"
+    FEW_MASTERS = "django_redlock.W001"
+    EVEN = "django_redlock.W002"
+    SAME_SERVER = "django_redlock.W003"
+    TIMEOUT = "django_redlock.W004"
+    REPLICA = "django_redlock.W005"
+    SAME_RUN_ID = "django_redlock.W006"
+    EVICTION = "django_redlock.W007"
+    UNREACHABLE = "django_redlock.W008"
+
+
+class Messages:
+    FEW_MASTERS = "REDLOCK_NODES lists {count} independent Redis master(s); Redlock needs at least 3 to survive a failure."
+    EVEN = "REDLOCK_NODES lists {count} masters; an even count tolerates no more failures than {lower}."
+    SAME_SERVER = "REDLOCK_NODES lists the server {server} {times} times; nodes on one server fail together."
+    TIMEOUT = "REDLOCK['NODE_TIMEOUT'] ({timeout} s) is large next to REDLOCK['TTL'] ({ttl} s)."
+    REPLICA = "Redlock node {node} is a replica (role: {role}), not an independent master."
+    SAME_RUN_ID = "Redlock nodes {nodes} are the same Redis server (same run_id) under different addresses."
+    EVICTION = "Redlock node {node} has maxmemory-policy {policy}: it may evict lock keys under memory pressure."
+    UNREACHABLE = "Redlock node {node} did not answer: {error}."
+
+
+class Hints:
+    FEW_MASTERS = (
+        "Run at least three (five is better) redis-server processes on separate machines and list each "
+        "once in REDLOCK_NODES. Replicas, Sentinel and Cluster shards are not independent masters."
+    )
+    EVEN = "Add or remove one master: 3 tolerates 1 failure, 5 tolerates 2."
+    SAME_SERVER = "List each redis-server once; different database numbers on one server are not separate nodes."
+    TIMEOUT = "Keep NODE_TIMEOUT a few milliseconds to tens of milliseconds, far below the ttl."
+    REPLICA = "Point REDLOCK_NODES at masters only; Redlock does not use replication."
+    SAME_RUN_ID = "Each entry must be a different redis-server process, ideally on a different machine."
+    EVICTION = "Set 'maxmemory-policy noeviction' on every lock node."
+    UNREACHABLE = "Check the node's address, password and firewall; run 'manage.py redlock status'."
+
+
+def _nodes() -> list[Any]:
+    from django_redlock.core.nodes import parse_nodes
+
+    return parse_nodes(conf.get_nodes(), 0.05, "REDLOCK_NODES")
+
+
+def _server(node: Any) -> str:
+    if node.path:
+        return f"unix:{node.path}"
+    host = str(node.host)
+    if host in LOOPBACK:
+        host = "localhost"
+    return f"{host}:{node.port}"
+
+
+@register(TAG)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Validate REDLOCK and REDLOCK_NODES and the shape of the topology (no I/O)."""
+    try:
+        config = conf.get_config()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="Fix the REDLOCK setting.", id=Codes.OPTIONS)]
+    try:
+        nodes = _nodes()
+    except (ImproperlyConfigured, ValueError) as exc:
+        return [Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
+    errors: list[Any] = []
+    servers = Counter(_server(node) for node in nodes)
+    distinct = len(servers)
+    if distinct < 3:
+        errors.append(Warning(Messages.FEW_MASTERS.format(count=distinct), hint=Hints.FEW_MASTERS, id=Codes.FEW_MASTERS))
+    elif distinct % 2 == 0:
+        errors.append(
+            Warning(Messages.EVEN.format(count=distinct, lower=distinct - 1), hint=Hints.EVEN, id=Codes.EVEN)
+        )
+    for server, times in sorted(servers.items()):
+        if times > 1:
+            errors.append(
+                Warning(Messages.SAME_SERVER.format(server=server, times=times), hint=Hints.SAME_SERVER, id=Codes.SAME_SERVER)
+            )
+    if config["NODE_TIMEOUT"] * 10 > config["TTL"]:
+        errors.append(
+            Warning(
+                Messages.TIMEOUT.format(timeout=config["NODE_TIMEOUT"], ttl=config["TTL"]),
+                hint=Hints.TIMEOUT,
+                id=Codes.TIMEOUT,
+            )
+        )
+    return errors
+
+
+@register(TAG, deploy=True)
+def check_nodes_deploy(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """With ``check --deploy``: ask every node (replica? same server twice? eviction?)."""
+    return check_nodes(app_configs, **kwargs)
+
+
+@register(NODES_TAG)
+def check_nodes_tagged(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """``check --tag redlock_nodes``: the same node checks on demand."""
+    return check_nodes(app_configs, **kwargs)
+
+
+def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    from django_redlock.core.nodes import Failure, fanout, parse_info
+
+    try:
+        nodes = _nodes()
+    except (ImproperlyConfigured, ValueError):
+        return []  # reported by check_settings
+    errors: list[Any] = []
+    infos = fanout(nodes, [("INFO", "server")] * len(nodes), timeout=1.0)
+    roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
+    policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
+    run_ids: dict[str, list[str]] = {}
+    for node, info, role, policy in zip(nodes, infos, roles, policies):
+        if isinstance(info, Failure):
+            errors.append(
+                Warning(Messages.UNREACHABLE.format(node=node.name, error=info), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)
+            )
+            continue
+        run_id = parse_info(info).get("run_id")
+        if run_id:
+            run_ids.setdefault(run_id, []).append(node.name)
+        if isinstance(role, list) and role and role[0] not in (b"master", "master"):
+            shown = role[0].decode() if isinstance(role[0], bytes) else role[0]
+            errors.append(Warning(Messages.REPLICA.format(node=node.name, role=shown), hint=Hints.REPLICA, id=Codes.REPLICA))
+        if isinstance(policy, list) and len(policy) == 2:
+            value = policy[1].decode() if isinstance(policy[1], bytes) else str(policy[1])
+            if value != "noeviction":  # volatile-* policies evict keys with a ttl: lock keys
+                errors.append(
+                    Warning(Messages.EVICTION.format(node=node.name, policy=value), hint=Hints.EVICTION, id=Codes.EVICTION)
+                )
+    for names in run_ids.values():
+        if len(names) > 1:
+            errors.append(
+                Warning(Messages.SAME_RUN_ID.format(nodes=", ".join(names)), hint=Hints.SAME_RUN_ID, id=Codes.SAME_RUN_ID)
+            )
+    for node in nodes:
+        node.close()
+    return errors

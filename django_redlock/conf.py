@@ -1,0 +1,146 @@
+"""Settings: ``REDLOCK_NODES`` and the optional ``REDLOCK`` dict, read lazily.
+
+Nothing is read at import. :func:`get_config` overlays the user's ``REDLOCK``
+on :data:`DEFAULTS` once and caches the result; a ``setting_changed`` signal
+for either setting clears the cache and closes the managers built from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+__all__ = ["DEFAULTS", "get_config", "get_nodes"]
+
+#: Every key ``REDLOCK`` accepts, with its default.
+DEFAULTS: dict[str, Any] = {
+    "TTL": 30.0,
+    "RETRY_COUNT": 3,
+    "RETRY_DELAY": 0.2,
+    "RETRY_JITTER": 0.1,
+    "CLOCK_DRIFT_FACTOR": 0.01,
+    "NODE_TIMEOUT": 0.05,
+    "KEY_PREFIX": "redlock:",
+    "MAX_EXTENSIONS": 100,
+    "LABEL": None,
+    "RESTART_WINDOW": None,
+    # Django layer
+    "LOCKED_RESPONSE": None,  # dotted path or callable (request, error) -> HttpResponse
+    "COMMAND_TTL": 60.0,
+}
+
+# REDLOCK key -> LockManager keyword
+ENGINE_KEYS = {
+    "TTL": "ttl",
+    "RETRY_COUNT": "retry_count",
+    "RETRY_DELAY": "retry_delay",
+    "RETRY_JITTER": "retry_jitter",
+    "CLOCK_DRIFT_FACTOR": "clock_drift_factor",
+    "NODE_TIMEOUT": "node_timeout",
+    "KEY_PREFIX": "key_prefix",
+    "MAX_EXTENSIONS": "max_extensions",
+    "LABEL": "label",
+    "RESTART_WINDOW": "restart_window",
+}
+
+NUMBERS = {"TTL", "RETRY_DELAY", "RETRY_JITTER", "CLOCK_DRIFT_FACTOR", "NODE_TIMEOUT", "COMMAND_TTL"}
+
+
+@lru_cache(maxsize=1)
+def get_config() -> dict[str, Any]:
+    """``DEFAULTS`` overlaid with ``settings.REDLOCK``; unknown keys are an error."""
+    user = getattr(settings, "REDLOCK", None) or {}
+    if not isinstance(user, Mapping):
+        raise ImproperlyConfigured(f"REDLOCK must be a dict of engine defaults; got {type(user).__name__}.")
+    unknown = sorted(set(user) - set(DEFAULTS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"REDLOCK has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"valid keys: {', '.join(sorted(DEFAULTS))}."
+        )
+    config = {**DEFAULTS, **user}
+    for key in NUMBERS:
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ImproperlyConfigured(f"REDLOCK['{key}'] must be a finite number of seconds >= 0; got {value!r}.")
+    for key in ("TTL", "NODE_TIMEOUT", "COMMAND_TTL"):
+        if config[key] <= 0:
+            raise ImproperlyConfigured(f"REDLOCK['{key}'] must be greater than 0; got {config[key]!r}.")
+    return config
+
+
+def engine_options() -> dict[str, Any]:
+    """Keyword arguments for :class:`~django_redlock.core.LockManager` from ``REDLOCK``."""
+    config = get_config()
+    return {kwarg: config[key] for key, kwarg in ENGINE_KEYS.items()}
+
+
+def get_nodes() -> list[Any]:
+    """``REDLOCK_NODES`` with ``cache:<alias>`` entries resolved to django-redis clients."""
+    nodes = getattr(settings, "REDLOCK_NODES", None)
+    if nodes is None:
+        raise ImproperlyConfigured(
+            "REDLOCK_NODES is not set. List your independent Redis masters, e.g. "
+            "REDLOCK_NODES = ['redis://redis-a:6379/0', 'redis://redis-b:6379/0', 'redis://redis-c:6379/0']."
+        )
+    if isinstance(nodes, (str, bytes, Mapping)) or not isinstance(nodes, (list, tuple)):
+        raise ImproperlyConfigured(
+            f"REDLOCK_NODES must be a list of Redis URLs, dicts or 'cache:<alias>' strings; got {type(nodes).__name__}."
+        )
+    if not nodes:
+        raise ImproperlyConfigured("REDLOCK_NODES is empty; list at least one (better: three or more) Redis masters.")
+    resolved = []
+    for i, node in enumerate(nodes):
+        if isinstance(node, str) and node.startswith("cache:"):
+            resolved.append(cache_client(node[len("cache:") :], i))
+        elif isinstance(node, (str, Mapping)):
+            resolved.append(node)
+        else:
+            raise ImproperlyConfigured(
+                f"REDLOCK_NODES[{i}] must be a Redis URL, a dict with 'URL' (and 'OPTIONS'), or 'cache:<alias>'; "
+                f"got {type(node).__name__}."
+            )
+    return resolved
+
+
+def cache_client(alias: str, index: int) -> Any:
+    """The redis-py client behind a django-redis cache (its pool settings, no second config)."""
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        raise ImproperlyConfigured(
+            f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r} "
+            f"(known: {', '.join(sorted(caches)) or 'none'})."
+        )
+    from django.core.cache import caches as django_caches
+
+    cache = django_caches[alias]
+    client = getattr(cache, "client", None)
+    get_client = getattr(client, "get_client", None)
+    if get_client is None:
+        raise ImproperlyConfigured(
+            f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a django-redis cache "
+            f"(BACKEND = {caches[alias].get('BACKEND')!r}); use 'django_redis.cache.RedisCache' or a URL."
+        )
+    servers = getattr(client, "_server", None) or []
+    if len(servers) > 1:
+        raise ImproperlyConfigured(
+            f"REDLOCK_NODES[{index}]: cache {alias!r} lists {len(servers)} servers (a primary and replicas); "
+            "Redlock needs one independent master per node. Use one cache alias per master."
+        )
+    return get_client(write=True)
+
+
+@receiver(setting_changed)
+def _reset(setting: str, **kwargs: Any) -> None:
+    if setting in ("REDLOCK", "REDLOCK_NODES", "CACHES"):
+        get_config.cache_clear()
+        from django_redlock import manager
+
+        manager.reset()

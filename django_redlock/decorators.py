@@ -1,0 +1,498 @@
+"""``@redlock`` for views (sync and async) and functions; ``@redlock_command`` for management commands."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import signal
+import string
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.utils.module_loading import import_string
+
+from django_redlock import conf
+from django_redlock.core import base
+from django_redlock.exceptions import LockNotAcquired
+
+__all__ = ["RedlockMixin", "locked_response", "redlock", "redlock_command"]
+
+logger = logging.getLogger("django_redlock")
+
+KeySpec = str | Callable[..., str]
+
+
+# -- keys ------------------------------------------------------------------------
+
+
+class Key:
+    """A lock key: a format string filled from the call's arguments, or a callable."""
+
+    def __init__(self, spec: KeySpec, func: Callable[..., Any] | None) -> None:
+        if not (isinstance(spec, str) and spec) and not callable(spec):
+            raise ImproperlyConfigured(f"redlock key must be a non-empty format string or a callable; got {spec!r}.")
+        self.spec = spec
+        self.fields: list[str] = []
+        self.signature: inspect.Signature | None = None
+        if func is not None:
+            try:
+                self.signature = inspect.signature(func)
+            except (TypeError, ValueError):
+                self.signature = None
+        if isinstance(spec, str):
+            try:
+                parsed = list(string.Formatter().parse(spec))
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"redlock key {spec!r} is not a valid format string: {exc}.") from None
+            for _, field, _, _ in parsed:
+                if field is None:
+                    continue
+                root = field.split(".", 1)[0].split("[", 1)[0]
+                if not root or root.isdigit():
+                    raise ImproperlyConfigured(
+                        f"redlock key {spec!r}: use named placeholders such as '{{pk}}', not {{{field}}}."
+                    )
+                self.fields.append(root)
+            self._check_fields(func)
+
+    def _check_fields(self, func: Callable[..., Any] | None) -> None:
+        if self.signature is None:
+            return
+        params = self.signature.parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return  # URL kwargs arrive through **kwargs: checked per call
+        missing = [f for f in self.fields if f not in params]
+        if missing:
+            name = getattr(func, "__qualname__", repr(func))
+            raise ImproperlyConfigured(
+                f"redlock key {self.spec!r} uses {', '.join(map(repr, missing))}, which {name}() does not take; "
+                f"available: {', '.join(params) or 'nothing'}."
+            )
+
+    def values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        if self.signature is not None:
+            try:
+                bound = self.signature.bind_partial(*args, **kwargs)
+                bound.apply_defaults()
+                values.update(bound.arguments)
+                for param in self.signature.parameters.values():
+                    if param.kind is param.VAR_KEYWORD:
+                        values.update(values.pop(param.name, {}))
+            except TypeError:
+                values.update(kwargs)
+        else:
+            values.update(kwargs)
+        request = find_request(args, kwargs)
+        if request is not None:
+            values.setdefault("request", request)
+        return values
+
+    def format(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+        values = self.values(args, kwargs)
+        if extra:
+            values.update(extra)
+        if callable(self.spec):
+            key = self.spec(*args, **kwargs)
+        else:
+            missing = [f for f in self.fields if f not in values]
+            if missing:
+                raise ImproperlyConfigured(
+                    f"redlock key {self.spec!r}: no value for {', '.join(map(repr, missing))} in this call "
+                    f"(have: {', '.join(sorted(values)) or 'nothing'}); refusing to lock the literal key."
+                )
+            try:
+                key = self.spec.format(**values)
+            except (AttributeError, KeyError, IndexError) as exc:
+                raise ImproperlyConfigured(f"redlock key {self.spec!r} could not be filled: {exc!r}.") from None
+        if not isinstance(key, str) or not key:
+            raise ImproperlyConfigured(f"redlock key {self.spec!r} produced {key!r}; expected a non-empty string.")
+        return key
+
+
+def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest | None:
+    for value in (*args[:2], kwargs.get("request")):
+        if isinstance(value, HttpRequest):
+            return value
+    return None
+
+
+# -- the contended response ---------------------------------------------------
+
+
+def locked_response(request: HttpRequest, error: LockNotAcquired) -> HttpResponse:
+    """The default answer when the lock is held: 423 Locked with Retry-After."""
+    response = HttpResponse(
+        "<!doctype html><title>423 Locked</title><h1>Locked</h1>"
+        "<p>Someone else is working on this right now. Please try again shortly.</p>",
+        status=423,
+        content_type="text/html; charset=utf-8",
+    )
+    response["Retry-After"] = str(retry_after_seconds(error))
+    return response
+
+
+def retry_after_seconds(error: LockNotAcquired) -> int:
+    if error.retry_after is None:
+        return 1
+    return max(1, math.ceil(error.retry_after))
+
+
+def _handler(on_locked: Callable[..., HttpResponse] | str | None) -> Callable[..., HttpResponse]:
+    if on_locked is None:
+        on_locked = conf.get_config()["LOCKED_RESPONSE"]
+    if on_locked is None:
+        return locked_response
+    if isinstance(on_locked, str):
+        try:
+            on_locked = import_string(on_locked)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"REDLOCK['LOCKED_RESPONSE'] = {on_locked!r} cannot be imported: {exc}") from None
+    if not callable(on_locked):
+        raise ImproperlyConfigured(f"on_locked must be a callable (request, error) -> HttpResponse; got {on_locked!r}.")
+    return on_locked
+
+
+# -- @redlock ----------------------------------------------------------------------
+
+
+def redlock(
+    key: KeySpec,
+    ttl: float | None = None,
+    *,
+    blocking: bool = False,
+    timeout: float | None = None,
+    label: str | None = None,
+    auto_extend: bool = False,
+    on_locked: Callable[..., HttpResponse] | str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the decorated view or function while holding a Redlock.
+
+    ``key`` is a format string filled from the call's arguments (for views:
+    the URL kwargs and ``request``, e.g. ``"invoice-{pk}"`` or
+    ``"user-{request.user.pk}"``), or a callable taking the same arguments.
+    A view whose lock is held answers 423 Locked with ``Retry-After``
+    (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
+    function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
+    The lock is released when the call returns or raises; for a streaming
+    response, once the stream has been consumed or closed.
+    """
+    if ttl is not None:
+        base.check_ttl(ttl, 1.0)
+    base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        spec = Key(key, func)
+        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+
+        if iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                from django_redlock.manager import get_async_lock_manager
+
+                resource = spec.format(args, kwargs)
+                manager = get_async_lock_manager()
+                try:
+                    lock = await manager.acquire(resource, **options)
+                except LockNotAcquired as error:
+                    request = find_request(args, kwargs)
+                    if request is None:
+                        raise
+                    return _handler(on_locked)(request, error)
+                keeper = _start_async_keeper(lock) if auto_extend else None
+                try:
+                    result = await func(*args, **kwargs)
+                except BaseException:
+                    await _stop_async(keeper, lock)
+                    raise
+                if _is_streaming(result):
+                    return _release_after_stream(result, lock, keeper)
+                await _stop_async(keeper, lock)
+                return result
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from django_redlock.manager import get_lock_manager
+
+            resource = spec.format(args, kwargs)
+            manager = get_lock_manager()
+            try:
+                lock = manager.acquire(resource, **options)
+            except LockNotAcquired as error:
+                request = find_request(args, kwargs)
+                if request is None:
+                    raise
+                return _handler(on_locked)(request, error)
+            if auto_extend:
+                manager._watch(lock, None, None)
+            try:
+                result = func(*args, **kwargs)
+            except BaseException:
+                lock.release()
+                raise
+            if _is_streaming(result):
+                return _release_after_stream(result, lock, None)
+            lock.release()
+            return result
+
+        return wrapper
+
+    return decorator
+
+
+def _is_streaming(result: Any) -> bool:
+    return isinstance(result, HttpResponseBase) and getattr(result, "streaming", False)
+
+
+def _release_after_stream(response: Any, lock: Any, keeper: Any) -> Any:
+    """Release once the server has sent the stream and closed the response."""
+
+    def release() -> None:
+        if keeper is not None:
+            keeper.cancel()
+        if inspect.iscoroutinefunction(lock.release):
+            # Closed from a worker thread: release through the sync manager's own connections.
+            _release_async_lock_sync(lock)
+        else:
+            lock.release()
+
+    closers = getattr(response, "_resource_closers", None)
+    if closers is not None:
+        closers.append(release)
+    else:  # pragma: no cover - every supported Django has _resource_closers
+        release()
+    return response
+
+
+def _release_async_lock_sync(lock: Any) -> None:
+    from django_redlock.manager import get_lock_manager
+
+    if lock._start_release():
+        lock._judge_release(get_lock_manager()._release_keys(lock.key, lock.value))
+
+
+def _start_async_keeper(lock: Any) -> Any:
+    import asyncio
+
+    from django_redlock.core.aio import _keep_alive
+
+    return asyncio.ensure_future(_keep_alive(lock, None, None))
+
+
+async def _stop_async(keeper: Any, lock: Any) -> None:
+    if keeper is not None:
+        keeper.cancel()
+    await lock.release()
+
+
+class RedlockMixin:
+    """Class-based views: hold a Redlock around ``dispatch``.
+
+    Set ``redlock_key`` (format string over the URL kwargs and ``request``, or
+    a method name ending in ``()``... simplest: override :meth:`get_redlock_key`).
+    """
+
+    redlock_key: str | None = None
+    redlock_ttl: float | None = None
+    redlock_blocking: bool = False
+    redlock_timeout: float | None = None
+    redlock_on_locked: Callable[..., HttpResponse] | str | None = None
+
+    def get_redlock_key(self) -> str:
+        if not self.redlock_key:
+            raise ImproperlyConfigured(f"{type(self).__name__} needs redlock_key or a get_redlock_key() method.")
+        spec = Key(self.redlock_key, None)
+        return spec.format((), dict(self.kwargs), {"request": self.request, "view": self})  # type: ignore[attr-defined]
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        from django_redlock.manager import get_lock_manager
+
+        resource = self.get_redlock_key()
+        try:
+            lock = get_lock_manager().acquire(
+                resource, self.redlock_ttl, blocking=self.redlock_blocking, timeout=self.redlock_timeout
+            )
+        except LockNotAcquired as error:
+            return _handler(self.redlock_on_locked)(request, error)
+        try:
+            response = super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            lock.release()
+            raise
+        if _is_streaming(response):
+            return _release_after_stream(response, lock, None)
+        lock.release()
+        return response
+
+
+# -- @redlock_command -------------------------------------------------------------
+
+SKIP, WAIT, FAIL = "skip", "wait", "fail"
+
+
+def redlock_command(
+    key: KeySpec | None = None,
+    ttl: float | None = None,
+    *,
+    when_locked: str = SKIP,
+    wait_timeout: float | None = None,
+    stop_on_lost: bool = True,
+) -> Callable[[Any], Any]:
+    """Let a management command run on one host at a time (cron on many hosts).
+
+    Decorate a ``BaseCommand`` subclass (or its ``handle``). The lock key
+    defaults to ``command:<name>``; a watchdog thread extends it while the
+    command runs, so a short ttl (``REDLOCK['COMMAND_TTL']``, 60 s) covers
+    hours of work. When the lock is held: ``when_locked="skip"`` exits 0 with a
+    one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``),
+    ``"fail"`` exits 1. If the lock is lost while the command runs, it is
+    logged, ``lock_lost`` is sent and the command is stopped with exit code 3
+    (``stop_on_lost=False`` only logs). SIGTERM and SIGINT release the lock
+    before the process exits. The command gains ``--lock-wait SECONDS``,
+    ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    """
+    if when_locked not in (SKIP, WAIT, FAIL):
+        raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
+    if ttl is not None:
+        base.check_ttl(ttl, 1.0)
+
+    def decorate(target: Any) -> Any:
+        if inspect.isclass(target):
+            _wrap_command_class(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+            return target
+        return _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+
+    return decorate
+
+
+def _wrap_command_class(cls: Any, key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> None:
+    original_add_arguments = cls.add_arguments
+
+    def add_arguments(self: Any, parser: Any) -> None:
+        original_add_arguments(self, parser)
+        group = parser.add_argument_group("redlock")
+        group.add_argument(
+            "--lock-wait",
+            type=float,
+            metavar="SECONDS",
+            default=None,
+            help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
+        )
+        group.add_argument(
+            "--lock-fail", action="store_true", help="If another host holds the lock, exit with status 1."
+        )
+        group.add_argument(
+            "--lock-ttl", type=float, metavar="SECONDS", default=None, help="The lock's ttl (kept alive while running)."
+        )
+
+    cls.add_arguments = add_arguments
+    cls.handle = _wrap_handle(cls.handle, key, ttl, when_locked, wait_timeout, stop)
+
+
+def _command_name(command: Any) -> str:
+    module = type(command).__module__
+    return module.rsplit(".", 1)[-1] if ".management.commands." in module else type(command).__name__.lower()
+
+
+def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> Any:
+    @functools.wraps(handle)
+    def wrapped(self: Any, *args: Any, **options: Any) -> Any:
+        from django.core.management.base import CommandError
+
+        from django_redlock.manager import get_lock_manager
+
+        resource = (
+            Key(key, None).format((), dict(options), {"command": self, "name": _command_name(self)})
+            if key is not None
+            else f"command:{_command_name(self)}"
+        )
+        lock_ttl = options.get("lock_ttl") or ttl or conf.get_config()["COMMAND_TTL"]
+        mode, timeout = when_locked, wait_timeout
+        if options.get("lock_wait") is not None:
+            mode, timeout = WAIT, options["lock_wait"]
+        if options.get("lock_fail"):
+            mode = FAIL
+        manager = get_lock_manager()
+        try:
+            if mode == WAIT:
+                lock = manager.acquire(resource, lock_ttl, blocking=True, timeout=timeout if timeout is not None else 3600.0)
+            else:
+                lock = manager.acquire(resource, lock_ttl, blocking=False)
+        except LockNotAcquired as error:
+            if mode == SKIP:
+                self.stderr.write(f"Skipped: {error}")
+                return None
+            raise CommandError(str(error), returncode=1) from None
+        lost = threading.Event()
+        in_main = threading.current_thread() is threading.main_thread()
+
+        def on_lost(_: Any) -> None:
+            lost.set()
+            if stop and in_main:
+                # Interrupt the command in the main thread: it must not run unprotected.
+                _interrupt_main()
+
+        manager._watch(lock, None, on_lost)
+        previous = _install_signal_handlers(lock, lost) if in_main else {}
+        try:
+            result = handle(self, *args, **options)
+        except _LockLostInterrupt:
+            logger.error("Stopped command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
+            raise CommandError(f"Stopped: the lock {resource!r} was lost ({lock.lost_reason}).", returncode=3) from None
+        finally:
+            _restore_signal_handlers(previous)
+            lock.release()
+        if lost.is_set():
+            raise CommandError(f"The lock {resource!r} was lost while the command ran ({lock.lost_reason}).", returncode=3)
+        return result
+
+    return wrapped
+
+
+class _LockLostInterrupt(BaseException):
+    """Raised in the main thread when the command's lock is lost."""
+
+
+def _interrupt_main() -> None:
+    import _thread
+
+    _thread.interrupt_main()
+
+
+def _install_signal_handlers(lock: Any, lost: threading.Event) -> dict[int, Any]:
+    """SIGTERM/SIGINT release the lock before exit; a lost lock interrupts the command."""
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        if lost.is_set():
+            raise _LockLostInterrupt()
+        lock.release()
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except (ValueError, OSError):  # pragma: no cover
+            pass
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, old in previous.items():
+        try:
+            signal.signal(signum, old)
+        except (ValueError, OSError, TypeError):  # pragma: no cover
+            pass
+
+

@@ -1,0 +1,145 @@
+"""``manage.py redlock list|release|status``: see and clear live locks, check the nodes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_redlock.exceptions import LockError
+
+
+class Command(BaseCommand):
+    help = "Inspect Redlock: list live locks, force-release one, or show each node's status."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", metavar="{list,release,status}")
+        sub.required = True
+        listing = sub.add_parser("list", help="Live lock keys on every node, with holder and ttl.")
+        listing.add_argument("--match", default=None, help="Only resources containing this text.")
+        listing.add_argument("--json", action="store_true", help="Machine-readable output.")
+        release = sub.add_parser("release", help="Delete a resource's lock key on every node, whoever holds it.")
+        release.add_argument("resource")
+        release.add_argument("--json", action="store_true", help="Machine-readable output.")
+        status = sub.add_parser("status", help="Each node's reachability, role, latency and run id.")
+        status.add_argument("--json", action="store_true", help="Machine-readable output.")
+        status.add_argument("--timeout", type=float, default=1.0, help="Seconds to wait for each node (default 1).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django_redlock.manager import get_lock_manager
+
+        try:
+            manager = get_lock_manager()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        action = options["action"]
+        try:
+            getattr(self, f"do_{action}")(manager, options)
+        except LockError as exc:
+            raise CommandError(str(exc)) from exc
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def do_list(self, manager: Any, options: dict[str, Any]) -> None:
+        records = list(manager.live_locks(match=options["match"]))
+        if options["json"]:
+            self.stdout.write(json.dumps([record_json(r) for r in records], indent=2))
+            return
+        down = sorted({name for r in records for name in r.down})
+        if not records:
+            self.stdout.write("No live locks.")
+        else:
+            width = max(8, *(len(r.resource) for r in records))
+            self.stdout.write(f"{'RESOURCE':<{width}}  {'STATE':<8}  {'NODES':>5}  {'TTL':>8}  HOLDER")
+            for r in records:
+                holder = str(r.holder) if r.holder else "?"
+                nodes = f"{r.nodes_holding}/{r.total}"
+                style = self.style.SUCCESS if r.state == "held" else self.style.WARNING
+                self.stdout.write(
+                    f"{r.resource:<{width}}  {style(f'{r.state:<8}')}  {nodes:>5}  {r.ttl:>7.1f}s  {holder}"
+                )
+        for name in down:
+            self.stderr.write(self.style.WARNING(f"Node {name} did not answer; its keys are not listed."))
+
+    def do_release(self, manager: Any, options: dict[str, Any]) -> None:
+        resource = options["resource"]
+        deleted = manager.force_release(resource)
+        if options["json"]:
+            self.stdout.write(json.dumps({"resource": resource, "nodes": deleted, "total": len(manager.nodes)}))
+        elif deleted:
+            self.stdout.write(self.style.SUCCESS(f"Released {resource!r} on {deleted} of {len(manager.nodes)} nodes."))
+        else:
+            self.stdout.write(f"No node held a lock on {resource!r}.")
+
+    def do_status(self, manager: Any, options: dict[str, Any]) -> None:
+        statuses = manager.node_status(timeout=options["timeout"])
+        voting = [s for s in statuses if s.reachable and s.role == "master" and not s.sits_out_for]
+        quorum = manager.quorum
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {"quorum": quorum, "voting": len(voting), "nodes": [status_json(s) for s in statuses]}, indent=2
+                )
+            )
+        else:
+            for s in statuses:
+                if not s.reachable:
+                    self.stdout.write(f"{s.name:<28} {self.style.ERROR('DOWN')}  {s.error}")
+                    continue
+                note = f"  sits out {s.sits_out_for:.0f}s more (restarted)" if s.sits_out_for else ""
+                persistence = "fsync always" if s.persistence.get("appendfsync") == "always" and s.persistence.get(
+                    "aof_enabled"
+                ) == "1" else "no fsync per write"
+                line = (
+                    f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role:<7} {s.latency * 1000:6.2f} ms  "
+                    f"redis {s.version}  up {s.uptime:.0f}s  {persistence}  run {s.run_id[:12] if s.run_id else '?'}"
+                )
+                self.stdout.write(line + (self.style.WARNING(note) if note else ""))
+            summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
+            self.stdout.write(self.style.SUCCESS(summary) if len(voting) >= quorum else self.style.ERROR(summary))
+        if len(voting) < quorum:
+            raise CommandError(f"No quorum: {len(voting)} of {len(statuses)} nodes can vote, {quorum} needed.", returncode=2)
+
+
+def record_json(record: Any) -> dict[str, Any]:
+    holder = record.holder
+    return {
+        "resource": record.resource,
+        "key": record.key,
+        "state": record.state,
+        "nodes_holding": record.nodes_holding,
+        "total": record.total,
+        "ttl": record.ttl,
+        "holder": holder_json(holder),
+        "entries": [{"node": e.node, "ttl": e.ttl, "holder": holder_json(e.holder)} for e in record.entries],
+        "down": list(record.down),
+    }
+
+
+def holder_json(holder: Any) -> dict[str, Any] | None:
+    if holder is None:
+        return None
+    return {
+        "token": holder.token,
+        "host": holder.host,
+        "pid": holder.pid,
+        "label": holder.label,
+        "acquired_at": holder.acquired_at,
+    }
+
+
+def status_json(status: Any) -> dict[str, Any]:
+    return {
+        "name": status.name,
+        "reachable": status.reachable,
+        "role": status.role,
+        "latency_ms": round(status.latency * 1000, 3) if status.latency is not None else None,
+        "run_id": status.run_id,
+        "version": status.version,
+        "uptime": status.uptime,
+        "persistence": status.persistence,
+        "sits_out_for": status.sits_out_for,
+        "error": status.error,
+    }

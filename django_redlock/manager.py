@@ -1,0 +1,94 @@
+"""The default lock managers, built from settings on first use.
+
+``get_lock_manager()`` returns one :class:`~django_redlock.core.LockManager`
+per process, built from ``REDLOCK_NODES`` and ``REDLOCK``; async code uses
+``get_async_lock_manager()``. Both are rebuilt when a test changes those
+settings. Their events become Django signals and log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_redlock import conf, signals
+from django_redlock.core import AsyncLockManager, Hooks, LockManager
+
+__all__ = ["get_async_lock_manager", "get_lock_manager", "reset"]
+
+logger = logging.getLogger("django_redlock")
+
+_lock = threading.Lock()
+_managers: dict[str, Any] = {}
+
+
+class SignalHooks(Hooks):
+    """Turn engine events into Django signals and log lines."""
+
+    def __init__(self) -> None:
+        self.sender: Any = None
+
+    def acquired(self, lock: Any) -> None:
+        logger.debug("Acquired lock %r (%s)", lock.resource, lock.holder)
+        signals.lock_acquired.send(sender=self.sender, lock=lock)
+
+    def released(self, lock: Any) -> None:
+        logger.debug("Released lock %r", lock.resource)
+        signals.lock_released.send(sender=self.sender, lock=lock)
+
+    def extended(self, lock: Any) -> None:
+        logger.debug("Extended lock %r by %.1f s", lock.resource, lock.ttl)
+        signals.lock_extended.send(sender=self.sender, lock=lock)
+
+    def lost(self, lock: Any, reason: str) -> None:
+        logger.error("Lock %r was lost: %s", lock.resource, reason)
+        signals.lock_lost.send(sender=self.sender, lock=lock, reason=reason)
+
+    def not_acquired(self, resource: str, error: Any) -> None:
+        logger.info("%s", error)
+        signals.lock_not_acquired.send(sender=self.sender, resource=resource, error=error)
+
+
+def _build(cls: type) -> Any:
+    hooks = SignalHooks()
+    try:
+        manager = cls(conf.get_nodes(), hooks=hooks, **conf.engine_options())
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"REDLOCK_NODES / REDLOCK: {exc}") from None
+    hooks.sender = manager
+    return manager
+
+
+def get_lock_manager() -> LockManager:
+    """The process-wide :class:`~django_redlock.core.LockManager` for ``REDLOCK_NODES``."""
+    manager = _managers.get("sync")
+    if manager is None:
+        with _lock:
+            manager = _managers.get("sync")
+            if manager is None:
+                manager = _managers["sync"] = _build(LockManager)
+    return manager
+
+
+def get_async_lock_manager() -> AsyncLockManager:
+    """The process-wide :class:`~django_redlock.core.AsyncLockManager` (connections per event loop)."""
+    manager = _managers.get("async")
+    if manager is None:
+        with _lock:
+            manager = _managers.get("async")
+            if manager is None:
+                manager = _managers["async"] = _build(AsyncLockManager)
+    return manager
+
+
+def reset() -> None:
+    """Forget the managers (settings changed); close the sync one's connections."""
+    with _lock:
+        old = dict(_managers)
+        _managers.clear()
+    sync = old.get("sync")
+    if sync is not None:
+        sync.close()
