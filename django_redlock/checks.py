@@ -34,6 +34,7 @@ class Codes:
     SAME_RUN_ID = "django_redlock.W006"
     EVICTION = "django_redlock.W007"
     UNREACHABLE = "django_redlock.W008"
+    SAME_HOST = "django_redlock.W009"
 
 
 class Messages:
@@ -45,6 +46,7 @@ class Messages:
     SAME_RUN_ID = "Redlock nodes {nodes} are the same Redis server (same run_id) under different addresses."
     EVICTION = "Redlock node {node} has maxmemory-policy {policy}: it may evict lock keys under memory pressure."
     UNREACHABLE = "Redlock node {node} did not answer: {error}."
+    SAME_HOST = "Redlock nodes {nodes} run on one host ({host}): they fail together."
 
 
 class Hints:
@@ -59,6 +61,7 @@ class Hints:
     SAME_RUN_ID = "Each entry must be a different redis-server process, ideally on a different machine."
     EVICTION = "Set 'maxmemory-policy noeviction' on every lock node."
     UNREACHABLE = "Check the node's address, password and firewall; run 'manage.py redlock status'."
+    SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
 
 
 def _nodes() -> list[Any]:
@@ -158,6 +161,15 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         if len(names) > 1:
             errors.append(
                 Warning(Messages.SAME_RUN_ID.format(nodes=", ".join(names)), hint=Hints.SAME_RUN_ID, id=Codes.SAME_RUN_ID)
+            )
+    hosts: dict[str, list[str]] = {}
+    for node in nodes:
+        host = "localhost" if node.path or str(node.host) in LOOPBACK else str(node.host)
+        hosts.setdefault(host, []).append(node.name)
+    for host, names in hosts.items():
+        if len(names) > 1:
+            errors.append(
+                Warning(Messages.SAME_HOST.format(nodes=", ".join(names), host=host), hint=Hints.SAME_HOST, id=Codes.SAME_HOST)
             )
     for node in nodes:
         node.close()

@@ -1,5 +1,7 @@
 """Django settings for the test suite. REDLOCK_NODES is filled in by fixtures."""
 
+import os
+
 SECRET_KEY = "django-redlock-tests"
 DEBUG = False
 USE_TZ = True
@@ -47,7 +49,7 @@ STATIC_URL = "/static/"
 
 # Filled per test by the ``redlock_settings`` fixture; unreachable by default so
 # that a test forgetting the fixture fails loudly instead of touching a real server.
-REDLOCK_NODES: list = []
+REDLOCK_NODES: list = [u for u in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if u]
 # The suite's redis-server processes are seconds old: without fsync-always they
 # would sit out for the delayed-restart window, so the rule is off here (and
 # tested on its own in test_restart_guard.py).

@@ -1,0 +1,100 @@
+"""@redlock_command: one host runs, the others skip; watchdog; loss stops the command; signals release."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_redlock import get_lock_manager
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start(servers, marker, seconds, *extra):
+    env = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings")
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "nightly", "--seconds", str(seconds), "--marker", str(marker), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(marker, proc, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if marker.exists() and "started" in marker.read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"command exited early: {proc.communicate()}")
+        time.sleep(0.02)  # polling another process's file: there is no event to await
+    raise AssertionError("command never started")
+
+
+def test_two_hosts_one_runs_the_other_skips(servers, tmp_path):
+    first = start(servers, tmp_path / "a", 2.0)  # 2 s with a 0.5 s ttl: the watchdog must extend it
+    wait_for(tmp_path / "a", first)
+    second = start(servers, tmp_path / "b", 0.0)
+    out, err = second.communicate(timeout=30)
+    assert second.returncode == 0
+    assert "Skipped" in err and "command:nightly" in err
+    assert not (tmp_path / "b").exists()
+    out, err = first.communicate(timeout=30)
+    assert first.returncode == 0, err
+    assert "nightly done" in out
+    assert "done" in (tmp_path / "a").read_text()
+    assert not get_lock_manager().is_locked("command:nightly")
+
+
+def test_stolen_lock_stops_the_command_non_zero(servers, tmp_path):
+    proc = start(servers, tmp_path / "a", 20.0)
+    wait_for(tmp_path / "a", proc)
+    manager = get_lock_manager()
+    manager.force_release("command:nightly")
+    thief = manager.acquire("command:nightly", ttl=10)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 3, err
+    assert "was lost" in err
+    assert "done" not in (tmp_path / "a").read_text()
+    thief.release()
+
+
+def test_sigterm_releases_the_lock(servers, tmp_path):
+    proc = start(servers, tmp_path / "a", 20.0)
+    wait_for(tmp_path / "a", proc)
+    assert get_lock_manager().is_locked("command:nightly")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=10)
+    assert proc.returncode != 0
+    assert not get_lock_manager().is_locked("command:nightly")
+
+
+def test_in_process_options():
+    out, err = StringIO(), StringIO()
+    call_command("nightly", stdout=out, stderr=err)
+    assert "nightly done" in out.getvalue()
+    lock = get_lock_manager().acquire("command:nightly", ttl=5)
+    err = StringIO()
+    call_command("nightly", stdout=StringIO(), stderr=err)
+    assert err.getvalue().startswith("Skipped")
+    with pytest.raises(CommandError) as info:
+        call_command("nightly", lock_fail=True, stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == 1
+    started = time.monotonic()
+    with pytest.raises(CommandError):
+        call_command("nightly", lock_wait=0.3, stdout=StringIO(), stderr=StringIO())
+    assert 0.2 < time.monotonic() - started < 2
+    lock.release()
+    out = StringIO()
+    call_command("nightly", lock_wait=1, lock_ttl=2, stdout=out)
+    assert "nightly done" in out.getvalue()

@@ -1,0 +1,66 @@
+"""manage.py redlock list | release | status."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_redlock import get_lock_manager
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+
+
+def run(*args):
+    out, err = StringIO(), StringIO()
+    call_command("redlock", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_list_and_release(servers):
+    manager = get_lock_manager()
+    lock = manager.acquire("orders-1", ttl=20)
+    manager.acquire("orders-2", ttl=20)
+    out, _ = run("list")
+    assert "orders-1" in out and "orders-2" in out and "5/5" in out and "held" in out
+    data = json.loads(run("list", "--json", "--match", "-1")[0])
+    assert [r["resource"] for r in data] == ["orders-1"]
+    assert data[0]["holder"]["token"] == lock.token and data[0]["nodes_holding"] == 5
+    out, _ = run("release", "orders-1")
+    assert "Released 'orders-1' on 5 of 5 nodes" in out
+    assert not manager.is_locked("orders-1")
+    assert "No node held" in run("release", "orders-1")[0]
+
+
+def test_list_with_a_node_down(servers):
+    get_lock_manager().acquire("x", ttl=20)
+    servers[2].kill()
+    out, err = run("list")
+    assert "4/5" in out and "did not answer" in err
+
+
+def test_status_exit_codes(servers):
+    out, _ = run("status")
+    assert out.count(" master ") == 5 and "5 of 5 nodes can vote; quorum is 3." in out
+    servers[0].kill()
+    servers[1].kill()
+    data = json.loads(run("status", "--json")[0])
+    assert data["voting"] == 3 and data["nodes"][0]["reachable"] is False
+    servers[2].pause()
+    with pytest.raises(CommandError) as info:
+        run("status", "--timeout", "0.2")
+    assert info.value.returncode == 2 and "No quorum: 2 of 5" in str(info.value)
+
+
+def test_status_never_shows_passwords(settings, servers):
+    settings.REDLOCK_NODES = [u.replace("redis://", "redis://:Cmd-Secret-3@") for u in servers.urls]
+    with pytest.raises(CommandError) as info:
+        run("status")
+    assert "Cmd-Secret-3" not in str(info.value)
+
+
+def test_subcommand_required():
+    with pytest.raises(CommandError):
+        call_command("redlock", stdout=StringIO(), stderr=StringIO())
