@@ -2,7 +2,7 @@
 
 The default checks read settings only. The ones that must ask the nodes
 (replicas, one server under two addresses, eviction policy) run with
-``manage.py check --deploy`` or ``manage.py check --tag redlock_nodes``;
+``manage.py check --deploy`` (just those: ``--deploy --tag redlock_nodes``);
 ``manage.py redlock status`` shows the rest.
 """
 
@@ -115,19 +115,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return errors
 
 
-@register(TAG, deploy=True)
-def check_nodes_deploy(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """With ``check --deploy``: ask every node (replica? same server twice? eviction?)."""
-    return check_nodes(app_configs, **kwargs)
-
-
-@register(NODES_TAG)
-def check_nodes_tagged(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """``check --tag redlock_nodes``: the same node checks on demand."""
-    return check_nodes(app_configs, **kwargs)
-
-
+@register(TAG, NODES_TAG, deploy=True)
 def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node.
+
+    Reports nodes that do not answer, replicas, one server listed under two
+    addresses (same run id), several nodes on one host, and eviction policies
+    that could drop lock keys.
+    """
     from django_redlock.core.nodes import Failure, fanout, parse_info
 
     try:

@@ -1,0 +1,231 @@
+"""The admin "Locks" page: live lock keys on every node, per-node detail, force release.
+
+Nothing is read from the database: each request scans the nodes (SCAN, never
+KEYS). Viewing needs ``django_redlock.view_lock``; releasing needs
+``django_redlock.release_lock`` and goes through a confirmation page (POST
+with CSRF), and every release is written to the admin log.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import gettext as _
+
+from django_redlock.models import Lock
+
+PER_PAGE = 100
+SORTS = {
+    "resource": lambda r: r.resource,
+    "state": lambda r: r.state,
+    "nodes": lambda r: r.nodes_holding,
+    "ttl": lambda r: r.ttl,
+    "holder": lambda r: str(r.holder or ""),
+    "acquired": lambda r: (r.holder.acquired_at or 0) if r.holder else 0,
+}
+COLUMNS = [
+    ("resource", _("Resource")),
+    ("holder", _("Holder")),
+    ("acquired", _("Acquired")),
+    ("ttl", _("TTL left")),
+    ("nodes", _("Nodes")),
+    ("state", _("State")),
+]
+
+
+def _manager() -> Any:
+    from django_redlock.manager import get_lock_manager
+
+    return get_lock_manager()
+
+
+@admin.register(Lock)
+class LockAdmin(admin.ModelAdmin):
+    """A model-free change list backed by the Redis nodes."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_redlock.release_lock")
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        view = self.admin_site.admin_view
+        return [
+            path("", view(self.changelist_view), name="%s_%s_changelist" % info),
+            path("detail/", view(self.detail_view), name="%s_%s_detail" % info),
+            path("release/", view(self.release_view), name="%s_%s_release" % info),
+        ]
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "title": title,
+            "has_release_permission": self.has_release_permission(request),
+            **extra,
+        }
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        query = request.GET.get("q", "").strip()
+        order = request.GET.get("o", "resource")
+        field = order.lstrip("-")
+        if field not in SORTS:
+            order, field = "resource", "resource"
+        started = time.perf_counter()
+        error = None
+        records: list[Any] = []
+        nodes: list[dict[str, Any]] = []
+        try:
+            manager = _manager()
+            records = list(manager.live_locks(match=query or None))
+            down = {name for r in records for name in r.down}
+            pings = manager.ping(timeout=max(manager.node_timeout, 0.5)) if not records else {}
+            for name in manager.nodes:
+                reachable = name not in down if records else pings.get(name) is not None
+                nodes.append({"name": name, "up": reachable})
+        except ImproperlyConfigured as exc:
+            error = str(exc)
+        records.sort(key=SORTS[field], reverse=order.startswith("-"))
+        paginator = Paginator(records, PER_PAGE)
+        page = paginator.get_page(request.GET.get("p"))
+        rows = [_row(r) for r in page.object_list]
+        columns = [
+            {
+                "name": name,
+                "label": label,
+                "sorted": field == name,
+                "descending": order.startswith("-"),
+                "toggle": ("" if order.startswith("-") or field != name else "-") + name,
+            }
+            for name, label in COLUMNS
+        ]
+        context = self._context(
+            request,
+            _("Locks"),
+            rows=rows,
+            page=page,
+            paginator=paginator,
+            query=query,
+            order=order,
+            columns=columns,
+            nodes=nodes,
+            nodes_down=sum(1 for n in nodes if not n["up"]),
+            error=error,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+            **(extra_context or {}),
+        )
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_redlock/lock/change_list.html", context)
+
+    def detail_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        resource = request.GET.get("resource", "")
+        record = None
+        if resource:
+            record = next((r for r in _manager().live_locks(match=resource) if r.resource == resource), None)
+        context = self._context(
+            request,
+            _("Lock %(resource)s") % {"resource": resource},
+            resource=resource,
+            record=record,
+            row=_row(record) if record else None,
+            entries=[_entry(e) for e in record.entries] if record else [],
+        )
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_redlock/lock/detail.html", context)
+
+    @staticmethod
+    def _selected(request: HttpRequest) -> list[str]:
+        source = request.POST if request.method == "POST" else request.GET
+        return [r for r in source.getlist("resource") if r]
+
+    def release_view(self, request: HttpRequest) -> HttpResponse:
+        if not (self.has_view_permission(request) and self.has_release_permission(request)):
+            raise PermissionDenied
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        return _release(self, request)
+
+
+def _release(admin_obj: LockAdmin, request: HttpRequest) -> HttpResponse:
+    """GET (or a POST from the change list) shows the confirmation; POST with confirm=yes releases."""
+    resources = admin_obj._selected(request)
+    changelist = reverse(f"{admin_obj.admin_site.name}:django_redlock_lock_changelist")
+    if not resources:
+        messages.warning(request, _("Select at least one lock to release."))
+        return HttpResponseRedirect(changelist)
+    if request.method == "POST" and request.POST.get("confirm") == "yes":
+        manager = _manager()
+        content_type = ContentType.objects.get_for_model(Lock, for_concrete_model=False)
+        for resource in resources:
+            deleted = manager.force_release(resource)
+            LogEntry.objects.create(
+                user_id=request.user.pk,
+                content_type_id=content_type.pk,
+                object_id=resource[:255],
+                object_repr=resource[:200],
+                action_flag=DELETION,
+                change_message=f"Force-released on {deleted} of {len(manager.nodes)} nodes.",
+            )
+        messages.success(
+            request,
+            _("Released %(count)d lock(s): %(names)s.") % {"count": len(resources), "names": ", ".join(resources)},
+        )
+        return HttpResponseRedirect(changelist)
+    context = admin_obj._context(request, _("Are you sure?"), resources=resources)
+    request.current_app = admin_obj.admin_site.name
+    return TemplateResponse(request, "admin/django_redlock/lock/confirm_release.html", context)
+
+
+def _when(timestamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc) if timestamp else None
+
+
+def _row(record: Any) -> dict[str, Any]:
+    holder = record.holder
+    return {
+        "resource": record.resource,
+        "holder": holder,
+        "host": holder.host if holder else None,
+        "pid": holder.pid if holder else None,
+        "label": holder.label if holder else None,
+        "acquired": _when(holder.acquired_at) if holder else None,
+        "ttl": record.ttl,
+        "nodes_holding": record.nodes_holding,
+        "total": record.total,
+        "state": record.state,
+        "down": record.down,
+    }
+
+
+def _entry(entry: Any) -> dict[str, Any]:
+    holder = entry.holder
+    return {
+        "node": entry.node,
+        "ttl": entry.ttl,
+        "holder": holder,
+        "token": holder.token if holder else "",
+        "acquired": _when(holder.acquired_at) if holder else None,
+    }
