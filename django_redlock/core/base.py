@@ -431,6 +431,7 @@ class Scan:
         self.down: set[str] = set()
         self.found: dict[str, dict[str, NodeEntry]] = {}
         self.page_keys: list[list[str]] = []
+        self.holders: dict[bytes, Holder] = {}
 
     @property
     def running(self) -> bool:
@@ -465,11 +466,15 @@ class Scan:
                 self.down.add(name)
                 self.cursors[i] = None
                 continue
+            holders = self.holders
             for j, key in enumerate(self.page_keys[i]):
                 raw, pttl = reply[2 * j], reply[2 * j + 1]
                 if raw and pttl != -2:
                     ttl = pttl / 1000.0 if pttl >= 0 else -1.0
-                    self.found.setdefault(key, {})[name] = NodeEntry(name, Holder.decode(raw), ttl)
+                    holder = holders.get(raw)
+                    if holder is None:  # the same value sits on every node: decode it once
+                        holder = holders[raw] = Holder.decode(raw)
+                    self.found.setdefault(key, {})[name] = NodeEntry(name, holder, ttl)
 
     def records(self) -> list[LockRecord]:
         order = {node.name: n for n, node in enumerate(self.nodes)}

@@ -443,8 +443,41 @@ def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
     if end < 0:
         return _INCOMPLETE, pos
     kind = buf[pos]
-    line = bytes(buf[pos + 1 : end])
     after = end + 2
+    if kind == 42:  # *array: items parsed in a loop (bulk strings and integers inline)
+        count = int(buf[pos + 1 : end])
+        if count < 0:
+            return None, after
+        items: list[Any] = []
+        append = items.append
+        find = buf.find
+        size_total = len(buf)
+        for _ in range(count):
+            end = find(b"\r\n", after)
+            if end < 0:
+                return _INCOMPLETE, pos
+            head = buf[after]
+            if head == 36:
+                size = int(buf[after + 1 : end])
+                if size < 0:
+                    append(None)
+                    after = end + 2
+                    continue
+                start = end + 2
+                if size_total < start + size + 2:
+                    return _INCOMPLETE, pos
+                append(bytes(buf[start : start + size]))
+                after = start + size + 2
+            elif head == 58:
+                append(int(buf[after + 1 : end]))
+                after = end + 2
+            else:
+                item, after = _parse(buf, after)
+                if item is _INCOMPLETE:
+                    return _INCOMPLETE, pos
+                append(item)
+        return items, after
+    line = bytes(buf[pos + 1 : end])
     if kind == 43:  # +simple
         return line, after
     if kind == 58:  # :integer
@@ -456,17 +489,6 @@ def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
         if len(buf) < after + size + 2:
             return _INCOMPLETE, pos
         return bytes(buf[after : after + size]), after + size + 2
-    if kind == 42:  # *array
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            item, after = _parse(buf, after)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, pos
-            items.append(item)
-        return items, after
     if kind == 45:  # -error
         return _error(line), after
     raise ValueError(f"not a RESP2 reply (first byte {kind!r})")
@@ -527,12 +549,9 @@ class Wire:
             raise RedisConnectionError(f"Error writing to socket: {exc.__class__.__name__}") from None
 
     def buffered(self) -> bool:
-        """True when a whole reply is already buffered (poll() would not report it)."""
+        """True when reply bytes are already buffered (poll() would not report them)."""
         if self._pos < len(self._buf):
-            try:
-                return _parse(self._buf, self._pos)[0] is not _INCOMPLETE
-            except ValueError:
-                return True
+            return True
         pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes poll() cannot see
         return bool(pending and pending())
 
@@ -548,7 +567,8 @@ class Wire:
 
     def read_response(self) -> Any:
         while True:
-            if self._pos < len(self._buf):
+            # A whole reply always ends with CRLF: do not re-parse a partial one after every recv.
+            if self._pos < len(self._buf) and self._buf.endswith(b"\r\n"):
                 try:
                     reply, after = _parse(self._buf, self._pos)
                 except ValueError as exc:
@@ -565,7 +585,7 @@ class Wire:
 
     def _fill(self) -> None:
         try:
-            data = self._sock.recv(65536)
+            data = self._sock.recv(262144)
         except socket.timeout:
             raise RedisTimeoutError("Timeout reading from socket") from None
         except OSError as exc:
