@@ -1,0 +1,8 @@
+"""ASGI entry point: the async view runs natively here (e.g. `uvicorn demo.asgi:application`)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo.settings")
+application = get_asgi_application()

@@ -1,0 +1,36 @@
+"""The example project: its checks pass with five masters and show W001 with one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "example_project" / "manage.py"
+
+
+def manage(*args, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, str(MANAGE), *args], capture_output=True, text=True, env=environment, timeout=120
+    )
+
+
+def test_check_passes_with_five_masters():
+    result = manage("check")
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_single_node_switch_shows_w001():
+    result = manage("check", DEMO_SINGLE_NODE="1")
+    assert result.returncode == 0
+    assert "django_redlock.W001" in result.stderr and "1 independent Redis master" in result.stderr
+
+
+def test_migrations_are_complete():
+    result = manage("makemigrations", "--check", "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
