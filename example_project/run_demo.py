@@ -13,10 +13,12 @@ the demo stops; masters left running by an earlier demo are reused.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -47,12 +49,28 @@ def ours(port: int) -> bool:
     return str(DATA) in data.decode("utf-8", "replace")
 
 
-def start_masters(ports: list[int]) -> list[RedisServer]:
-    started = []
+class Adopted:
+    """A master left running by an earlier demo: reused now, shut down with this one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def stop(self) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                sock.sendall(b"SHUTDOWN\r\n")
+                sock.recv(64)
+        except OSError:
+            pass
+
+
+def start_masters(ports: list[int]) -> list[Any]:
+    started: list[Any] = []
     for i, port in enumerate(ports):
         if listening(port):
             if ours(port):
                 print(f"  redis master on :{port} is still running from an earlier demo: reusing it")
+                started.append(Adopted(port))
                 continue
             for server in started:
                 server.stop()
@@ -68,7 +86,12 @@ def start_masters(ports: list[int]) -> list[RedisServer]:
     return started
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the masters on SIGTERM too
     address = sys.argv[1] if len(sys.argv) > 1 else None
     host = os.environ.get("DEMO_HOST", "127.0.0.1")
     port = int(os.environ.get("DEMO_PORT", "8000"))
@@ -102,7 +125,13 @@ def main() -> int:
         print(f"  Admin: {url}admin/django_redlock/lock/  user {USER!r}, password {PASSWORD!r}")
         print("  Stop with Ctrl-C (the Redis masters stop with it).")
         print()
-        subprocess.run([*manage, "runserver", f"{host}:{port}"], env=env)
+        server = subprocess.Popen([*manage, "runserver", f"{host}:{port}"], env=env)
+        try:
+            server.wait()
+        finally:
+            if server.poll() is None:
+                server.terminate()
+                server.wait(10)
     except KeyboardInterrupt:
         pass
     except subprocess.CalledProcessError as exc:
