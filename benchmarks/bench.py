@@ -165,6 +165,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--plot")
+    parser.add_argument("--rst", help="write the results as a reStructuredText table (for the docs)")
     parser.add_argument("--quick", action="store_true", help="few iterations, django_redlock only")
     args = parser.parse_args(argv)
     libraries = ["django_redlock"] if args.quick else [x.strip() for x in args.libraries.split(",")]
@@ -212,7 +213,59 @@ def main(argv=None) -> dict:
             json.dump(results, fh, indent=2)
     if args.plot:
         plot(results, args.plot)
+    if args.rst:
+        with open(args.rst, "w") as fh:
+            fh.write(rst_table(results))
     return results
+
+
+def _cell(row: dict, key: str, unit: str = "µs") -> str:
+    if "timeout_s" in row:
+        return f"hung (> {row['timeout_s']:.0f} s)"
+    if "n/a" in row:
+        return "n/a"
+    if "error" in row:
+        return "error"
+    value = row.get(key)
+    if value is None:
+        return "–"
+    return f"{value:,.0f} {unit}" if unit else f"{value:,.0f}"
+
+
+def rst_table(results: dict) -> str:
+    lines = [
+        ".. list-table::",
+        "   :header-rows: 1",
+        "",
+        "   * - Library",
+        "     - acquire+release, median",
+        "     - p99",
+        "     - pairs/s",
+        "     - median, 1 of 5 nodes SIGSTOPped",
+        "     - non-blocking acquire fails after (3 of 5 SIGSTOPped)",
+    ]
+    for name, row in results["libraries"].items():
+        fail = row["majority_paused"]
+        if "fail_ms" in fail:
+            fail_text = f"{fail['fail_ms']:,.0f} ms"
+        else:
+            fail_text = _cell(fail, "fail_ms", "ms")
+        lines += [
+            f"   * - {name}",
+            f"     - {_cell(row['healthy'], 'median_us')}",
+            f"     - {_cell(row['healthy'], 'p99_us')}",
+            f"     - {_cell(row['healthy'], 'pairs_per_s', '')}",
+            f"     - {_cell(row['one_paused'], 'median_us')}",
+            f"     - {fail_text}",
+        ]
+    machine = results["machine"]
+    lines += [
+        "",
+        f"{results['iterations']} pairs per library and scenario; {machine['cpus']} CPUs, Python {machine['python']}, "
+        f"{machine['platform']}. Budget per scenario: {results['budget_s']:.0f} s.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def plot(results: dict, path: str) -> None:
