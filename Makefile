@@ -10,7 +10,7 @@ demo:  ## run the example project on 5 local Redis masters
 	@$(PY) example_project/run_demo.py
 
 test:  ## the whole test suite, against real redis-server processes
-	@VENV=$(VENV) WANT_BROWSER=1 WANT_POSTGRES=1 sh scripts/setup.sh test
+	@VENV=$(VENV) WANT_BROWSER=1 WANT_POSTGRES=1 sh scripts/setup.sh test,docs
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast:  ## the suite without the browser and torture tests
