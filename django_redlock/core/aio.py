@@ -502,8 +502,10 @@ class AsyncLockManager(ManagerBase):
                 break
             pause = self.config.retry_pause()
             if timeout is not None:
-                if time.monotonic() + pause - begun > timeout:
+                remaining = timeout - (time.monotonic() - begun)
+                if remaining <= 0:
                     break
+                pause = min(pause, remaining)  # the last attempt is made at the deadline
             elif self.config.retry_count is not None and attempts > self.config.retry_count:
                 break
             await asyncio.sleep(pause)
