@@ -100,10 +100,9 @@ class LockAdmin(admin.ModelAdmin):
             manager = _manager()
             records = list(manager.live_locks(match=query or None))
             down = {name for r in records for name in r.down}
-            pings = manager.ping(timeout=max(manager.node_timeout, 0.5)) if not records else {}
-            for name in manager.nodes:
-                reachable = name not in down if records else pings.get(name) is not None
-                nodes.append({"name": name, "up": reachable})
+            for status in manager.node_status(timeout=max(manager.node_timeout, 0.5)):
+                up = status.reachable and status.name not in down
+                nodes.append({"name": status.name, "up": up, "sits_out": status.sits_out_for if up else 0})
         except ImproperlyConfigured as exc:
             error = str(exc)
         records.sort(key=SORTS[field], reverse=order.startswith("-"))

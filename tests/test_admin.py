@@ -125,3 +125,9 @@ def test_passwords_never_on_the_page(admin_client, settings, servers):
     settings.REDLOCK_NODES = [u.replace("redis://", "redis://:Page-Secret-9@") for u in servers.urls]
     page = admin_client.get(reverse(LIST)).content.decode()
     assert "Page-Secret-9" not in page
+
+
+def test_restarted_nodes_shown_sitting_out(admin_client, settings):
+    settings.REDLOCK = {**settings.REDLOCK, "RESTART_WINDOW": 3600}  # every test node is younger than an hour
+    page = admin_client.get(reverse(LIST)).content.decode()
+    assert page.count("restarted, sits out") == 5

@@ -34,3 +34,23 @@ def test_single_node_switch_shows_w001():
 def test_migrations_are_complete():
     result = manage("makemigrations", "--check", "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pages_423_admin_and_fencing(tmp_path):
+    from django_redlock.testing import RedisServers
+
+    durable = ["--appendonly", "yes", "--appendfsync", "always"]  # as make demo runs them
+    with RedisServers(5, extra_args=durable) as masters:
+        ports = ",".join(str(s.port) for s in masters)
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env.update(DEMO_REDIS_PORTS=ports, DEMO_DB=str(tmp_path / "demo.sqlite3"))
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "example_driver.py")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=ROOT,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "example project OK" in result.stdout

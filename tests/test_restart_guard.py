@@ -50,7 +50,7 @@ def hold_on_three(manager, servers):
     return lock
 
 
-def test_restarted_node_sits_out_until_the_window_passes(servers):
+def test_restarted_node_sits_out_until_the_window_passes(servers, caplog):
     guarded = LockManager(servers.urls, ttl=TTL, retry_count=0)  # window = longest ttl = 1 s
     wait_until_old(guarded, TTL + 0.2)
     lock = hold_on_three(guarded, servers)
@@ -64,6 +64,11 @@ def test_restarted_node_sits_out_until_the_window_passes(servers):
         assert "delayed restart" in reason and "sits out" in reason
     status = guarded.node_status()
     assert [s.sits_out_for > 0 for s in status] == [False, False, True, True, True]
+    logged = [r.getMessage() for r in caplog.records if "delayed restart" in r.getMessage()]
+    assert len(logged) == 3 and all(r.levelname == "WARNING" for r in caplog.records if "delayed" in r.getMessage())
+    with pytest.raises(LockNotAcquired):
+        guarded.acquire("guarded", blocking=False)
+    assert len([r for r in caplog.records if "delayed restart" in r.getMessage()]) == 3  # once per restart
     # Once the window has passed (and the first lock has expired) node 2 votes again.
     time.sleep(TTL + 0.1)
     assert not lock.locked()

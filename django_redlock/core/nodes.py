@@ -209,6 +209,7 @@ class Node:
         #: What the last probe learned: (uptime s, monotonic time read, fsyncs every write, run id).
         self.probe: tuple[float, float, bool, str] | None = None
         self._probe_warned = False
+        self.announced = ""  # run id of the restart last logged
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
@@ -762,10 +763,15 @@ def sitting_out_failure(node: Node, window: float) -> Failure | None:
     if left <= 0:
         return None
     uptime = node.probe[0] + now - node.probe[1] if node.probe else 0.0
-    return Failure(
+    reason = (
         f"restarted {uptime:.1f} s ago without fsync-always persistence; "
         f"sits out for {left:.1f} s more (delayed restart)"
     )
+    run_id = node.probe[3] if node.probe else ""
+    if node.announced != run_id:  # one log line per restart, not per vote
+        node.announced = run_id
+        logger.warning("Node %s %s.", node.name, reason)
+    return Failure(reason)
 
 
 def _collect(
