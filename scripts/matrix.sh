@@ -5,8 +5,9 @@
 set -eu
 
 find_python() {
-    for candidate in "python$1" "$HOME/.pyenv/versions/$1"*/bin/python; do
-        if command -v "$candidate" >/dev/null 2>&1; then
+    for candidate in "$HOME/.pyenv/versions/$1"*/bin/python "python$1"; do
+        # pyenv shims exist on PATH even when they cannot run: try it.
+        if "$candidate" -c "import sys" >/dev/null 2>&1; then
             command -v "$candidate"
             return 0
         fi
