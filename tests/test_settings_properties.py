@@ -1,0 +1,56 @@
+"""Property-based tests of settings parsing: any input is accepted or refused with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from django_redlock import conf
+from django_redlock.core.nodes import parse_nodes
+
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=10)
+)
+KEYS = st.one_of(st.sampled_from(sorted(conf.DEFAULTS)), st.text(min_size=1, max_size=12))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(redlock=st.dictionaries(KEYS, VALUES, max_size=4))
+def test_redlock_dict_is_accepted_or_refused_by_name(settings, redlock):
+    settings.REDLOCK = redlock
+    try:
+        config = conf.get_config()
+    except ImproperlyConfigured as exc:
+        text = str(exc)
+        assert "REDLOCK" in text
+        assert any(repr(k) in text or f"['{k}']" in text for k in redlock), text
+    else:
+        assert set(config) == set(conf.DEFAULTS)
+        for key in conf.NUMBERS:
+            assert config[key] >= 0
+
+
+SCHEMES = st.sampled_from(["redis://", "rediss://", "unix://", "http://", "", "redis:"])
+URLS = st.builds(lambda s, body: s + body, SCHEMES, st.text(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(url=URLS, secret=st.text(alphabet="abcdefghXYZ0123456789", min_size=12, max_size=16))
+def test_node_urls_parse_or_fail_clearly_without_leaking(url, secret):
+    assume(secret not in url)  # the password must be the only place the secret appears
+    full = url.replace("://", f"://:{secret}@", 1) if "://" in url else url
+    try:
+        nodes = parse_nodes([full], 0.05)
+    except ValueError as exc:
+        assert "nodes[0]" in str(exc)
+        assert secret not in str(exc)
+    else:
+        assert len(nodes) == 1 and secret not in nodes[0].name and secret not in repr(nodes[0])
+
+
+@pytest.mark.parametrize("bad", [None, 3, "redis://x", {"URL": "redis://x"}, b"redis://x"])
+def test_nodes_must_be_a_list(bad):
+    with pytest.raises(ValueError, match="nodes"):
+        parse_nodes(bad, 0.05)
