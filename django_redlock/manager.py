@@ -62,26 +62,24 @@ def _build(cls: type) -> Any:
     return manager
 
 
-def get_lock_manager() -> LockManager:
-    """The process-wide :class:`~django_redlock.core.LockManager` for ``REDLOCK_NODES``."""
-    manager = _managers.get("sync")
+def _get(kind: str, cls: type) -> Any:
+    manager = _managers.get(kind)
     if manager is None:
         with _lock:
-            manager = _managers.get("sync")
+            manager = _managers.get(kind)
             if manager is None:
-                manager = _managers["sync"] = _build(LockManager)
+                manager = _managers[kind] = _build(cls)
     return manager
+
+
+def get_lock_manager() -> LockManager:
+    """The process-wide :class:`~django_redlock.core.LockManager` for ``REDLOCK_NODES``."""
+    return _get("sync", LockManager)
 
 
 def get_async_lock_manager() -> AsyncLockManager:
     """The process-wide :class:`~django_redlock.core.AsyncLockManager` (connections per event loop)."""
-    manager = _managers.get("async")
-    if manager is None:
-        with _lock:
-            manager = _managers.get("async")
-            if manager is None:
-                manager = _managers["async"] = _build(AsyncLockManager)
-    return manager
+    return _get("async", AsyncLockManager)
 
 
 def reset() -> None:

@@ -473,52 +473,28 @@ class AsyncLockManager(ManagerBase):
         label: str | None = None,
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
-        resource = base.check_resource(resource)
-        ttl = base.check_ttl(ttl, self.config.ttl)
-        timeout = base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
-        holder = base.new_holder(label if label is not None else self.config.label)
-        key = self.config.key(resource)
-        value = holder.encode()
-        begun = time.monotonic()
-        attempts = 0
+        plan = base.Attempts(self.config, resource, ttl, blocking, timeout, label)
         total = len(self.node_list)
         while True:
-            attempts += 1
             started = time.monotonic()
             results = await self._fanout(
-                [base.set_command(key, value, ttl)] * total,
+                [base.set_command(plan.key, plan.value, plan.ttl)] * total,
                 done=base.until_outcome(self.quorum, total),
-                keys=[key],
+                keys=[plan.key],
                 allow_lagging=False,
-                restart_window=self.config.window(ttl),
+                restart_window=plan.window,
             )
-            validity = ttl - (time.monotonic() - started) - self.config.drift(ttl)
-            if base.count(results) >= self.quorum and validity > 0:
-                lock = AsyncLock(self, resource, holder, ttl, started)
+            if plan.won(results, started, self.quorum):
+                lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
                 base.call_hook(self.config.hooks, "acquired", lock)
                 return lock
-            await self._release_keys(key, value)
-            if not blocking:
-                break
-            pause = self.config.retry_pause()
-            if timeout is not None:
-                remaining = timeout - (time.monotonic() - begun)
-                if remaining <= 0:
-                    break
-                pause = min(pause, remaining)  # the last attempt is made at the deadline
-            elif self.config.retry_count is not None and attempts > self.config.retry_count:
+            await self._release_keys(plan.key, plan.value)
+            pause = plan.pause()
+            if pause is None:
                 break
             await asyncio.sleep(pause)
-        error = base.not_acquired(
-            resource,
-            self.node_list,
-            results,
-            self.quorum,
-            validity_left=validity if base.count(results) >= self.quorum else None,
-            retry_after=await self._retry_after(key),
-            attempts=attempts,
-        )
-        base.call_hook(self.config.hooks, "not_acquired", resource, error)
+        error = plan.error(self.node_list, self.quorum, await self._retry_after(plan.key))
+        base.call_hook(self.config.hooks, "not_acquired", plan.resource, error)
         raise error
 
     def lock(

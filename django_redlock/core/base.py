@@ -486,3 +486,75 @@ class Scan:
                 entries = tuple(sorted(self.found[key].values(), key=lambda e: order[e.node]))
                 out.append(LockRecord(resource, key, entries, len(self.nodes), self.quorum, down))
         return out
+
+
+class Attempts:
+    """One ``acquire()`` call's plan: validated arguments, the holder, and when to give up.
+
+    Shared by the sync and async managers, which only do the I/O::
+
+        plan = Attempts(config, resource, ttl, blocking, timeout, label)
+        while True:
+            started = now(); results = <SET on every node>
+            if plan.won(results, started, quorum): return <lock>
+            <release on every node>
+            pause = plan.pause()
+            if pause is None: raise plan.error(nodes, quorum, <retry_after>)
+            <sleep pause>
+    """
+
+    def __init__(
+        self,
+        config: ManagerConfig,
+        resource: Any,
+        ttl: Any,
+        blocking: bool,
+        timeout: Any,
+        label: str | None,
+    ) -> None:
+        self.config = config
+        self.resource = check_resource(resource)
+        self.ttl = check_ttl(ttl, config.ttl)
+        self.timeout = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+        self.blocking = blocking
+        self.holder = new_holder(label if label is not None else config.label)
+        self.key = config.key(self.resource)
+        self.value = self.holder.encode()
+        self.window = config.window(self.ttl)
+        self.begun = time.monotonic()
+        self.attempts = 0
+        self.results: Sequence[Any] = ()
+        self.validity = 0.0
+
+    def won(self, results: Sequence[Any], started: float, quorum: int) -> bool:
+        """Judge an attempt: a quorum said yes and validity is left after drift."""
+        self.attempts += 1
+        self.results = results
+        self.validity = self.ttl - (time.monotonic() - started) - self.config.drift(self.ttl)
+        return count(results) >= quorum and self.validity > 0
+
+    def pause(self) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up."""
+        if not self.blocking:
+            return None
+        pause = self.config.retry_pause()
+        if self.timeout is not None:
+            remaining = self.timeout - (time.monotonic() - self.begun)
+            if remaining <= 0:
+                return None
+            return min(pause, remaining)  # the last attempt is made at the deadline
+        if self.config.retry_count is not None and self.attempts > self.config.retry_count:
+            return None
+        return pause
+
+    def error(self, nodes: Sequence[Node], quorum: int, retry_after: float | None) -> LockNotAcquired:
+        granted = count(self.results) >= quorum
+        return not_acquired(
+            self.resource,
+            nodes,
+            self.results,
+            quorum,
+            validity_left=self.validity if granted else None,
+            retry_after=retry_after,
+            attempts=self.attempts,
+        )

@@ -59,47 +59,22 @@ class LockManager(ManagerBase):
         or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
         when too few nodes answered.
         """
-        resource = base.check_resource(resource)
-        ttl = base.check_ttl(ttl, self.config.ttl)
-        timeout = base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
-        holder = base.new_holder(label if label is not None else self.config.label)
-        key = self.config.key(resource)
-        value = holder.encode()
-        begun = time.monotonic()
-        attempts = 0
+        plan = base.Attempts(self.config, resource, ttl, blocking, timeout, label)
         while True:
-            attempts += 1
             started = time.monotonic()
-            results = self._set_all(key, value, ttl, self.config.window(ttl))
-            finished = time.monotonic()
-            validity = ttl - (finished - started) - self.config.drift(ttl)
-            if base.count(results) >= self.quorum and validity > 0:
-                lock = Lock(self, resource, holder, ttl, started)
+            results = self._set_all(plan.key, plan.value, plan.ttl, plan.window)
+            if plan.won(results, started, self.quorum):
+                lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
                 base.call_hook(self.config.hooks, "acquired", lock)
                 return lock
             # Failed: release on every node, also those that seemed to fail.
-            self._release_keys(key, value)
-            if not blocking:
-                break
-            pause = self.config.retry_pause()
-            if timeout is not None:
-                remaining = timeout - (time.monotonic() - begun)
-                if remaining <= 0:
-                    break
-                pause = min(pause, remaining)  # the last attempt is made at the deadline
-            elif self.config.retry_count is not None and attempts > self.config.retry_count:
+            self._release_keys(plan.key, plan.value)
+            pause = plan.pause()
+            if pause is None:
                 break
             time.sleep(pause)
-        error = base.not_acquired(
-            resource,
-            self.node_list,
-            results,
-            self.quorum,
-            validity_left=validity if base.count(results) >= self.quorum else None,
-            retry_after=self._retry_after(key),
-            attempts=attempts,
-        )
-        base.call_hook(self.config.hooks, "not_acquired", resource, error)
+        error = plan.error(self.node_list, self.quorum, self._retry_after(plan.key))
+        base.call_hook(self.config.hooks, "not_acquired", plan.resource, error)
         raise error
 
     def lock(
