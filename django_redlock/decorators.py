@@ -299,8 +299,11 @@ async def _stop_async(keeper: Any, lock: Any) -> None:
 class RedlockMixin:
     """Class-based views: hold a Redlock around ``dispatch``.
 
-    Set ``redlock_key`` (format string over the URL kwargs and ``request``, or
-    a method name ending in ``()``... simplest: override :meth:`get_redlock_key`).
+    Set ``redlock_key`` to a format string over the URL kwargs, ``request``
+    and ``view`` (``"report-{pk}"``, ``"user-{request.user.pk}"``), or
+    override :meth:`get_redlock_key`. ``redlock_ttl``, ``redlock_blocking``,
+    ``redlock_timeout`` and ``redlock_on_locked`` work as the arguments of
+    :func:`redlock`.
     """
 
     redlock_key: str | None = None
@@ -310,6 +313,7 @@ class RedlockMixin:
     redlock_on_locked: Callable[..., HttpResponse] | str | None = None
 
     def get_redlock_key(self) -> str:
+        """The resource to lock for this request."""
         if not self.redlock_key:
             raise ImproperlyConfigured(f"{type(self).__name__} needs redlock_key or a get_redlock_key() method.")
         spec = Key(self.redlock_key, None)
