@@ -297,17 +297,19 @@ class Node:
         With ``for_key``, a parked connection that still carries a command for that key
         is returned, so the new command stays ordered after it.
         """
-        self._check_fork()
+        if os.getpid() != self._pid:
+            self._check_fork()
         now = time.monotonic()
         with self._mutex:
-            self._drain_parked(now)
-            if for_key is not None:
-                for conn, state in self._parked.items():
-                    if for_key in state[2] and state[0] < MAX_PENDING:
-                        del self._parked[conn]
-                        return conn, state
-            if not allow_lagging and self.lagging(now):
-                raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
+            if self._parked:  # usually empty: only after an early decision or a silent node
+                self._drain_parked(now)
+                if for_key is not None:
+                    for conn, state in self._parked.items():
+                        if for_key in state[2] and state[0] < MAX_PENDING:
+                            del self._parked[conn]
+                            return conn, state
+                if not allow_lagging and self.lagging(now):
+                    raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
             if now < self._down_until:
                 raise NodeUnavailable(self._down_reason)
             while self._idle:
@@ -727,10 +729,9 @@ def fanout(
             command = ("EVAL", script.source, *command[2:])
         try:
             # The same command usually goes to every node: encode it once.
-            cache_key = (command, getattr(getattr(conn, "encoder", None), "encoding", None))
-            wire = packed.get(cache_key)
+            wire = packed.get(command)
             if wire is None:
-                wire = packed[cache_key] = conn.pack_command(*command)
+                wire = packed[command] = conn.pack_command(*command)
             probe = restart_window > 0 and getattr(conn, "_redlock_probed", True) is False
             if probe:
                 wire = conn.pack_commands(PROBE) + wire
@@ -792,14 +793,26 @@ def _collect(
             continue
         by_fd[fd] = call
         poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-    waiting = dict((c.index, c) for c in by_fd.values())
+    waiting = {c.index: (fd, c) for fd, c in by_fd.items()}
+
+    def settle(call: _Call, result: Any, keep: bool) -> None:
+        results[call.index] = result
+        fd, _ = waiting.pop(call.index)
+        poller.unregister(fd)
+        if keep:
+            call.node.checkin(call.conn)
+        else:
+            call.node.discard(call.conn)
+
     grace = False
     while waiting:
         if not grace and done is not None and done(results):
             grace = True  # outcome known: read what has already arrived, then stop
         remaining = 0.0 if grace else max(0.0, deadline - time.monotonic())
-        ready = [by_fd[fd] for fd, _ in poller.poll(remaining * 1000) if fd in by_fd]
-        ready += [c for c in waiting.values() if c not in ready and _has_buffered(c.conn)]
+        ready = [by_fd[fd] for fd, _ in poller.poll(remaining * 1000)]
+        for _, call in waiting.values():
+            if call not in ready and _has_buffered(call.conn):
+                ready.append(call)
         if not ready:
             if grace or remaining == 0.0 or time.monotonic() >= deadline:
                 break
@@ -807,6 +820,7 @@ def _collect(
         for call in ready:
             if call.index not in waiting:
                 continue
+            node = call.node
             try:
                 if not _skip_earlier(call):
                     continue  # our reply has not arrived yet
@@ -818,29 +832,19 @@ def _collect(
                         call.conn.pack_command("EVAL", call.script.source, *call.command[2:]), check_health=False
                     )
                 except (RedisError, OSError, ValueError) as exc:
-                    _fail(call, results, Failure(call.node.redact(describe(exc, call.node.node_timeout))))
-                    _unregister(poller, by_fd, call)
-                    del waiting[call.index]
+                    settle(call, Failure(node.redact(describe(exc, node.node_timeout))), keep=False)
                 continue
             except ResponseError as exc:
-                results[call.index] = Failure(call.node.redact(describe(exc, call.node.node_timeout)), answered=True)
-                call.node.checkin(call.conn)
-                _unregister(poller, by_fd, call)
-                del waiting[call.index]
+                settle(call, Failure(node.redact(describe(exc, node.node_timeout)), answered=True), keep=True)
                 continue
             except (RedisError, OSError, ValueError) as exc:
-                _fail(call, results, Failure(call.node.redact(describe(exc, call.node.node_timeout))))
-                _unregister(poller, by_fd, call)
-                del waiting[call.index]
+                settle(call, Failure(node.redact(describe(exc, node.node_timeout))), keep=False)
                 continue
-            results[call.index] = (window > 0 and sitting_out_failure(call.node, window)) or reply
             if timings is not None:
                 timings[call.index] = time.monotonic() - sent_at
-            call.node.checkin(call.conn)
-            _unregister(poller, by_fd, call)
-            del waiting[call.index]
+            settle(call, (window > 0 and sitting_out_failure(node, window)) or reply, keep=True)
     late = time.monotonic() - sent_at >= min(call.node.node_timeout for call in calls.values())
-    for call in waiting.values():
+    for _, call in waiting.values():
         call.node.park(call.conn, 1 + call.skip + call.probe, list(call.keys), sent_at)
         if grace and not late:
             results[call.index] = Failure("not awaited: the outcome was already known", answered=True)
@@ -870,13 +874,6 @@ def _skip_earlier(call: _Call) -> bool:
 def _fail(call: _Call, results: list[Any], failure: Failure) -> None:
     call.node.discard(call.conn)
     results[call.index] = failure
-
-
-def _unregister(poller: Any, by_fd: dict[int, _Call], call: _Call) -> None:
-    for fd, other in list(by_fd.items()):
-        if other is call:
-            poller.unregister(fd)
-            del by_fd[fd]
 
 
 def _fileno(conn: Any) -> int | None:
