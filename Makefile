@@ -27,7 +27,8 @@ torture:  ## the long fault-injection run
 
 bench:  ## benchmarks against pottery, redlock-py and redis-py's Lock
 	@VENV=$(VENV) sh scripts/setup.sh bench
-	@$(PY) benchmarks/bench.py
+	@$(PY) benchmarks/bench.py --iterations 3000 --budget 60 --json docs/benchmarks.json \
+		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
 
 docs:  ## build the docs with warnings as errors
 	@VENV=$(VENV) sh scripts/setup.sh docs

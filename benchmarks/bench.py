@@ -160,8 +160,8 @@ def run_budgeted(target, library, urls, single_url, iterations, budget):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds per library and scenario")
+    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per library and scenario")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--plot")
