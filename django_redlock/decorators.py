@@ -21,7 +21,7 @@ from django.utils.module_loading import import_string
 
 from django_redlock import conf
 from django_redlock.core import base
-from django_redlock.exceptions import LockNotAcquired
+from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 
 __all__ = ["RedlockMixin", "locked_response", "redlock", "redlock_command"]
 
@@ -129,13 +129,25 @@ def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest |
 
 
 def locked_response(request: HttpRequest, error: LockNotAcquired) -> HttpResponse:
-    """The default answer when the lock is held: 423 Locked with Retry-After."""
-    response = HttpResponse(
-        "<!doctype html><title>423 Locked</title><h1>Locked</h1>"
-        "<p>Someone else is working on this right now. Please try again shortly.</p>",
-        status=423,
-        content_type="text/html; charset=utf-8",
-    )
+    """The default answer when the lock is held: 423 Locked with Retry-After.
+
+    When too few lock nodes answered (:class:`~django_redlock.exceptions.QuorumUnavailable`)
+    nobody holds the lock: the answer is 503 Service Unavailable instead.
+    """
+    if isinstance(error, QuorumUnavailable):
+        response = HttpResponse(
+            "<!doctype html><title>503 Service Unavailable</title><h1>Service unavailable</h1>"
+            "<p>The lock service cannot be reached right now. Please try again shortly.</p>",
+            status=503,
+            content_type="text/html; charset=utf-8",
+        )
+    else:
+        response = HttpResponse(
+            "<!doctype html><title>423 Locked</title><h1>Locked</h1>"
+            "<p>Someone else is working on this right now. Please try again shortly.</p>",
+            status=423,
+            content_type="text/html; charset=utf-8",
+        )
     response["Retry-After"] = str(retry_after_seconds(error))
     return response
 

@@ -168,3 +168,10 @@ def test_callable_key():
         return get_lock_manager().is_locked(f"order-{order['id']}")
 
     assert ship({"id": 11}) is True
+
+
+def test_nodes_down_is_503_not_423(servers):
+    for server in servers[:3]:
+        server.kill()
+    response = Client().get("/pay/12/")
+    assert response.status_code == 503 and response["Retry-After"] == "1"
