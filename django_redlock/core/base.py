@@ -10,7 +10,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.nodes import Failure, Node, NodeSpec, parse_nodes, script_command
@@ -345,9 +345,6 @@ def extension_limit_error(lock: LockBase, limit: int) -> LockError:
 def lost_error(resource: str, why: str) -> LockLost:
     return LockLost(f"Lock {resource!r} was lost: {why}", resource=resource)
 
-
-def options_of(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict(options or {})
 
 
 class ManagerBase:

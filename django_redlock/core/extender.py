@@ -72,10 +72,6 @@ class Extender:
                     del self._watches[key]
             self._cond.notify()
 
-    def watching(self, lock: Any) -> bool:
-        with self._cond:
-            return id(lock) in self._watches
-
     # -- the thread --------------------------------------------------------
 
     @staticmethod

@@ -357,14 +357,6 @@ class Node:
         for conn in conns:
             _disconnect(conn)
 
-    def client(self, timeout: float | None = None) -> redis.Redis:
-        """A plain redis-py client for this node (admin/status work, not locking)."""
-        kwargs = dict(self.kwargs)
-        if timeout is not None:
-            kwargs["socket_timeout"] = kwargs["socket_connect_timeout"] = timeout
-        pool = redis.ConnectionPool(connection_class=self.connection_class, **kwargs)
-        return redis.Redis(connection_pool=pool)
-
 
 def _idle_ok(conn: Any) -> bool:
     """An idle connection has nothing to read; EOF or stray bytes mean it is unusable."""
