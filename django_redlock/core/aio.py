@@ -31,6 +31,7 @@ from django_redlock.core.nodes import (
     PROBE,
     NodeUnavailable,
     describe,
+    pack,
     script_command,
     sitting_out_failure,
 )
@@ -169,56 +170,53 @@ async def _adisconnect(conn: Any) -> None:
         pass
 
 
+def _write(conn: Any, data: bytes) -> None:
+    """Queue bytes on a connected stream; a broken connection shows up when reading."""
+    conn._writer.write(data)
+
+
 async def _call(anode: AsyncNode, conn: Any, command: tuple[Any, ...], script: Script | None, probe: bool) -> Any:
-    """Send a command (after a probe, on a new connection) and read its reply."""
-    if not probe:
-        await conn.send_packed_command(conn.pack_command(*command), check_health=False)
-        return await _read(conn, command, script)
-    conn._redlock_probed = True
-    await conn.send_packed_command(conn.pack_commands([*PROBE, command]), check_health=False)
-    replies: list[Any] = []
-    for _ in PROBE:
-        try:
-            replies.append(await conn.read_response(timeout=None))
-        except ResponseError as exc:
-            replies.append(exc)
-    anode.node.learn(replies, time.monotonic())
-    return await _read(conn, command, script)
-
-
-async def _read(conn: Any, command: tuple[Any, ...], script: Script | None) -> Any:
+    """Read the reply to a command already written (after the probe's replies, if one was sent)."""
+    if probe:
+        replies: list[Any] = []
+        for _ in PROBE:
+            try:
+                replies.append(await conn.read_response(timeout=None))
+            except ResponseError as exc:
+                replies.append(exc)
+        anode.node.learn(replies, time.monotonic())
     try:
         return await conn.read_response(timeout=None)
     except NoScriptError:
         if script is None:
             raise
-        await conn.send_packed_command(conn.pack_command("EVAL", script.source, *command[2:]), check_health=False)
+        _write(conn, pack(("EVAL", script.source, *command[2:])))
         return await conn.read_response(timeout=None)
 
 
-async def _finish(anode: AsyncNode, busy: _Busy, first: asyncio.Task[Any]) -> None:
-    """Read a left-over call's reply and any replies queued behind it, then free the connection."""
-    limit = anode.node.stale_limit
-    try:
-        await asyncio.wait_for(asyncio.shield(first), limit)
+def _leave(anode: AsyncNode, conn: Any, task: asyncio.Task[Any], keys: list[str], since: float) -> None:
+    """Let an unanswered call finish in the background; free or drop its connection after."""
+    busy = _Busy(conn, keys)
+    busy.since = since
+    busy.task = task
+    anode._busy[conn] = busy
+
+    def after(finished: asyncio.Task[Any]) -> None:
+        if finished.cancelled() or (finished.exception() and not isinstance(finished.exception(), ResponseError)):
+            anode._busy.pop(conn, None)
+            asyncio.ensure_future(_adisconnect(conn))
+            return
         busy.pending -= 1
-        while busy.pending > 0:
+        if busy.pending > 0:  # a release was queued behind it: read that reply too
             busy.since = time.monotonic()
-            try:
-                await asyncio.wait_for(busy.conn.read_response(timeout=None), limit)
-            except ResponseError:
-                pass
-            busy.pending -= 1
-    except asyncio.CancelledError:
-        first.cancel()
-        raise
-    except Exception:  # noqa: BLE001 - an overdue or broken connection is dropped
-        first.cancel()
-        anode._busy.pop(busy.conn, None)
-        await _adisconnect(busy.conn)
-        return
-    anode._busy.pop(busy.conn, None)
-    anode.checkin(busy.conn)
+            follow = asyncio.ensure_future(conn.read_response(timeout=None))
+            busy.task = follow
+            follow.add_done_callback(after)
+            return
+        anode._busy.pop(conn, None)
+        anode.checkin(conn)
+
+    task.add_done_callback(after)
 
 
 async def afanout(
@@ -250,9 +248,9 @@ async def afanout(
                 queued = command
                 if script is not None and queued[0] == "EVALSHA":
                     queued = ("EVAL", script.source, *queued[2:])
-                busy.pending += 1  # before the await: the reader must expect this reply
+                busy.pending += 1  # the background reader now expects one more reply
                 try:
-                    await busy.conn.send_packed_command(busy.conn.pack_command(*queued), check_health=False)
+                    _write(busy.conn, pack(queued))
                     results[i] = Failure("queued behind an unanswered command")
                 except Exception as exc:  # noqa: BLE001 - the reader drops the broken connection
                     results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
@@ -275,9 +273,23 @@ async def afanout(
         else:
             conns[i] = fut.result()
     tasks: dict[asyncio.Task[Any], int] = {}
+    packed: dict[Any, bytes] = {}
     for i in sorted(conns):
+        command = commands[i]
+        data = packed.get(command)
+        if data is None:
+            data = packed[command] = pack(command)  # the same command usually goes to every node
         probe = restart_window > 0 and getattr(conns[i], "_redlock_probed", True) is False
-        call = _call(anodes[i], conns[i], commands[i], script, probe)  # type: ignore[arg-type]
+        if probe:
+            conns[i]._redlock_probed = True
+            data = b"".join(pack(c) for c in PROBE) + data
+        try:
+            _write(conns[i], data)
+        except Exception as exc:  # noqa: BLE001
+            results[i] = Failure(anodes[i].node.redact(describe(exc, anodes[i].node_timeout)))
+            asyncio.ensure_future(_adisconnect(conns[i]))
+            continue
+        call = _call(anodes[i], conns[i], command, script, probe)  # type: ignore[arg-type]
         tasks[asyncio.ensure_future(call)] = i
     deadline = time.monotonic() + timeout
     pending = set(tasks)
@@ -294,12 +306,8 @@ async def afanout(
             _settle(anodes, conns, tasks[task], task, results, timings, started, restart_window)
     for task in pending:
         i = tasks[task]
-        anode = anodes[i]
-        busy = _Busy(conns[i], list(keys))
-        busy.since = started
-        anode._busy[conns[i]] = busy
-        busy.task = asyncio.ensure_future(_finish(anode, busy, task))
-        results[i] = Failure(f"no reply within {anode.node_timeout * 1000:.0f} ms")
+        _leave(anodes[i], conns[i], task, list(keys), started)
+        results[i] = Failure(f"no reply within {anodes[i].node_timeout * 1000:.0f} ms")
     return results
 
 
