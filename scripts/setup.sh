@@ -10,35 +10,45 @@ VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 WANT_BROWSER="${WANT_BROWSER:-0}"
 
-missing=""
-command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_SERVER:-}" ] || missing="$missing redis-server"
-"$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || missing="$missing python3-venv"
+required=""   # without these nothing runs
+optional=""   # without these a few tests are skipped, with a reason
+command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_SERVER:-}" ] || required="$required redis-server"
+"$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || required="$required python3-venv"
 if [ "$WANT_BROWSER" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
-    missing="$missing chromium"
+    optional="$optional chromium"
 fi
 if [ "${WANT_POSTGRES:-0}" = 1 ] && ! command -v initdb >/dev/null 2>&1 \
     && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    missing="$missing postgresql"
+    optional="$optional postgresql"
 fi
 
-if [ -n "$missing" ]; then
+explain() {
+    case "$1" in
+        chromium) echo "note: chromium not installed; the browser test will be skipped (Debian: apt-get install chromium)." ;;
+        postgresql) echo "note: PostgreSQL not installed; the fencing test runs on SQLite only (Debian: apt-get install postgresql)." ;;
+        *)
+            echo "error: '$1' is required. Install it first:" >&2
+            echo "  Debian/Ubuntu: sudo apt-get install $1" >&2
+            [ "$1" = redis-server ] && echo "  macOS: brew install redis   (or set REDIS_SERVER=/path/to/redis-server)" >&2
+            return 1 ;;
+    esac
+}
+
+if [ -n "$required$optional" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "Installing Debian packages:$missing"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq $missing >/dev/null
-        # The package may start a system redis on 6379; ours run on their own ports.
+        echo "Installing Debian packages:$required$optional"
+        apt-get update -qq >/dev/null 2>&1 || echo "note: apt-get update failed; trying the package lists we have."
+        if [ -n "$required" ]; then
+            apt-get install -y -qq $required >/dev/null || { for pkg in $required; do explain "$pkg" || true; done; exit 1; }
+        fi
+        for pkg in $optional; do
+            apt-get install -y -qq "$pkg" >/dev/null 2>&1 || explain "$pkg"
+        done
+        # The redis-server package may start a system redis on 6379; ours use their own ports.
     else
-        for pkg in $missing; do
-            case "$pkg" in
-                chromium) echo "note: chromium not found; the browser test will be skipped (Debian: apt-get install chromium)." ;;
-                postgresql) echo "note: PostgreSQL not found; the fencing test runs on SQLite only (Debian: apt-get install postgresql)." ;;
-                *)
-                    echo "error: '$pkg' is required. Install it first:" >&2
-                    echo "  Debian/Ubuntu: sudo apt-get install $pkg" >&2
-                    [ "$pkg" = redis-server ] && echo "  macOS: brew install redis   (or set REDIS_SERVER=/path/to/redis-server)" >&2
-                    exit 1 ;;
-            esac
+        for pkg in $required $optional; do
+            explain "$pkg" || exit 1
         done
     fi
 fi
