@@ -51,7 +51,7 @@ def hold_on_three(manager, servers):
 
 
 def test_restarted_node_sits_out_until_the_window_passes(servers, caplog):
-    guarded = LockManager(servers.urls, ttl=TTL, retry_count=0)  # window = longest ttl = 1 s
+    guarded = LockManager(servers.urls, ttl=TTL, max_ttl=TTL, retry_count=0)  # window = max_ttl (+ drift)
     wait_until_old(guarded, TTL + 0.2)
     lock = hold_on_three(guarded, servers)
     servers[2].restart()  # loses the key of a lock that is still valid
@@ -80,7 +80,7 @@ def test_restarted_node_sits_out_until_the_window_passes(servers, caplog):
 
 def test_without_the_guard_the_same_restart_breaks_exclusion(servers):
     """The known-unsafe case, shown on purpose: why the rule above exists."""
-    guarded = LockManager(servers.urls, ttl=TTL, retry_count=0)
+    guarded = LockManager(servers.urls, ttl=TTL, max_ttl=TTL, retry_count=0)
     wait_until_old(guarded, TTL + 0.2)
     unguarded = LockManager(servers.urls, ttl=TTL, retry_count=0, restart_window=0)
     first = hold_on_three(guarded, servers)
@@ -110,8 +110,8 @@ def test_durable_nodes_vote_at_once(tmp_path):
 
 
 async def test_async_manager_applies_the_same_rule(servers):
-    amgr = AsyncLockManager(servers.urls, ttl=TTL, retry_count=0)
-    sync = LockManager(servers.urls, ttl=TTL, retry_count=0)
+    amgr = AsyncLockManager(servers.urls, ttl=TTL, max_ttl=TTL, retry_count=0)
+    sync = LockManager(servers.urls, ttl=TTL, max_ttl=TTL, retry_count=0)
     wait_until_old(sync, TTL + 0.2)
     lock = hold_on_three(sync, servers)
     servers[2].restart()

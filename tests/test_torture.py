@@ -44,7 +44,7 @@ return 1
 
 
 def torture_worker(urls, referee_url, seconds, barrier, out):
-    mgr = LockManager(urls, ttl=TTL, retry_delay=0.02, retry_jitter=0.02)
+    mgr = LockManager(urls, ttl=TTL, max_ttl=TTL, retry_delay=0.02, retry_jitter=0.02)
     referee = redis.Redis.from_url(referee_url)
     barrier.wait(60)
     stop_at = time.monotonic() + seconds
@@ -76,7 +76,7 @@ def torture_worker(urls, referee_url, seconds, barrier, out):
 
 def wait_old_enough(urls, seconds):
     deadline = time.monotonic() + 15
-    mgr = LockManager(urls, ttl=TTL)
+    mgr = LockManager(urls, ttl=TTL, max_ttl=TTL)
     while time.monotonic() < deadline:
         uptimes = [s.uptime or 0 for s in mgr.node_status()]
         if min(uptimes) > seconds:

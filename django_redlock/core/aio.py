@@ -1,11 +1,12 @@
 """The async twin of the engine, on ``redis.asyncio``: same rules, same errors.
 
-Each node call is a task on the running event loop: every command is written
-before any reply is awaited, and the manager stops waiting as soon as the
-outcome is known or ``node_timeout`` passes. Calls still unanswered keep
-reading in the background (bounded), holding their connection, so a late
-reply can never be read by the next command; a release for a key whose
-``SET`` is still unanswered is written to that same connection.
+Each connection has one reader task that reads every reply in order and books
+it (see :mod:`django_redlock.core.ledger`), whether or not a caller still waits
+for it. A fan-out writes every command before awaiting anything, then waits on
+the replies it wants until the outcome is known or ``node_timeout`` passes.
+Nothing a caller does (giving up, being cancelled) can lose a reply's meaning:
+the reader keeps the books and a connection goes back to the pool only when
+nothing is pending on it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_redlock.core import base
+from django_redlock.core import base, ledger
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
@@ -28,30 +30,18 @@ from django_redlock.core.nodes import (
     MAX_PENDING,
     Failure,
     Node,
-    PROBE,
     NodeUnavailable,
     describe,
     pack,
     script_command,
-    sitting_out_failure,
 )
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
-
-class _Busy:
-    """A connection with replies still to read, and the task reading them."""
-
-    __slots__ = ("conn", "pending", "keys", "since", "task")
-
-    def __init__(self, conn: Any, keys: list[str]) -> None:
-        self.conn = conn
-        self.pending = 1
-        self.keys = keys
-        self.since = time.monotonic()
-        self.task: asyncio.Task[Any] | None = None
+#: Tasks that must finish even if whoever started them is cancelled (releases).
+_BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
 class AsyncNode:
@@ -73,7 +63,7 @@ class AsyncNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
         self._idle: list[Any] = []
-        self._busy: dict[Any, _Busy] = {}
+        self._busy: dict[Any, float] = {}  # connection with replies pending -> last progress
         self._down_until = 0.0
         self._down_reason = ""
 
@@ -82,7 +72,7 @@ class AsyncNode:
         if loop is not self._loop or os.getpid() != self._pid:
             # Connections belong to one loop (and one process): start afresh.
             if os.getpid() == self._pid:
-                for conn in [*self._idle, *(b.conn for b in self._busy.values())]:
+                for conn in [*self._idle, *self._busy]:
                     _abandon(conn)
             self._loop = loop
             self._pid = os.getpid()
@@ -92,17 +82,17 @@ class AsyncNode:
 
     def lagging(self) -> bool:
         now = time.monotonic()
-        return any(b.pending and now - b.since > self.node_timeout for b in self._busy.values())
+        return any(conn.expect and now - since > self.node_timeout for conn, since in self._busy.items())
 
-    def busy_for(self, key: str) -> _Busy | None:
-        for busy in self._busy.values():
-            if key in busy.keys and busy.pending < MAX_PENDING:
-                return busy
+    def busy_for(self, key: str) -> tuple[Any, float] | None:
+        """A connection that still carries a command for ``key``, and since when."""
+        for conn, since in self._busy.items():
+            if len(conn.expect) < MAX_PENDING and any(e.key == key for e in conn.expect):
+                return conn, since
         return None
 
     def ready(self, allow_lagging: bool) -> Any:
         """An idle connection, or None when a new one must be made. Raises when the node is skipped."""
-        self._check_loop()
         if not allow_lagging and self.lagging():
             raise NodeUnavailable(f"no reply to an earlier command for over {self.node_timeout * 1000:.0f} ms")
         if time.monotonic() < self._down_until:
@@ -120,7 +110,6 @@ class AsyncNode:
         try:
             conn = self.connection_class(**self.kwargs)
             await asyncio.wait_for(conn.connect(), self.node_timeout)
-            conn._redlock_probed = False  # learn uptime and persistence with the next vote
         except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
             reason = self.node.redact(describe(exc, self.node_timeout))
             self._down_until = time.monotonic() + 0.5
@@ -128,20 +117,79 @@ class AsyncNode:
             if conn is not None:
                 await _adisconnect(conn)
             raise NodeUnavailable(reason) from None
+        conn.expect = deque()
+        conn.restart = None  # learnt from the probe sent with the first vote
+        conn.probe_replies = []
+        conn.probing = False
+        conn.redlock_reader = None
         return conn
+
+    def send(self, conn: Any, wire: bytes, mine: ledger.Entry, window: float, now: float) -> None:
+        """Write a command (with debts and probe), and make sure a reader books its replies."""
+        data = self.node.prepare(conn, wire, mine, window, now)
+        conn._writer.write(data)
+        self._busy.setdefault(conn, now)
+        if conn.redlock_reader is None:
+            conn.redlock_reader = asyncio.ensure_future(_reader(self, conn))
+
+    def drop(self, conn: Any, reason: str = "connection lost") -> None:
+        self._busy.pop(conn, None)
+        for entry in conn.expect:
+            _answer(entry, Failure(reason))
+        self.node.drop(conn, time.monotonic(), close=False)
+        asyncio.ensure_future(_adisconnect(conn))
 
     def checkin(self, conn: Any) -> None:
         if os.getpid() == self._pid:
             self._idle.append(conn)
 
     async def close(self) -> None:
-        conns = list(self._idle) + [b.conn for b in self._busy.values()]
-        for busy in self._busy.values():
-            if busy.task is not None:
-                busy.task.cancel()
+        conns = list(self._idle) + list(self._busy)
+        for conn in self._busy:
+            if conn.redlock_reader is not None:
+                conn.redlock_reader.cancel()
         self._idle, self._busy = [], {}
         for conn in conns:
+            self.node.drop(conn, time.monotonic(), close=False)
             await _adisconnect(conn)
+
+
+def _answer(entry: ledger.Entry, reply: Any) -> None:
+    waiter = entry.waiter
+    if waiter is not None and not waiter.done():
+        waiter.set_result(reply)
+
+
+async def _reader(anode: AsyncNode, conn: Any) -> None:
+    """Read and book every reply on ``conn`` while entries are pending; then free it."""
+    node = anode.node
+    try:
+        while conn.expect:
+            try:
+                reply = await conn.read_response(timeout=None)  # socket timeout: the stale limit
+            except ResponseError as exc:
+                reply = exc
+            entry = conn.expect.popleft()
+            now = time.monotonic()
+            node.book(conn, entry, reply, now)
+            if anode._busy.get(conn) is not None:
+                anode._busy[conn] = now
+            if isinstance(reply, NoScriptError) and entry.retry is not None:
+                again = ledger.after_noscript(entry)
+                assert again is not None
+                conn._writer.write(entry.retry)  # the node forgot the script: send its source once
+                conn.expect.append(again)
+                continue
+            _answer(entry, reply)
+    except BaseException as exc:  # noqa: BLE001 - timeout, lost connection, close(): drop it
+        conn.redlock_reader = None
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        anode.drop(conn, node.redact(describe(exc, anode.node_timeout)))
+        return
+    conn.redlock_reader = None
+    anode._busy.pop(conn, None)
+    anode.checkin(conn)
 
 
 def _async_class(node: Node) -> type:
@@ -170,51 +218,12 @@ async def _adisconnect(conn: Any) -> None:
         pass
 
 
-def _write(conn: Any, data: bytes) -> None:
-    """Queue bytes on a connected stream; a broken connection shows up when reading."""
-    conn._writer.write(data)
+def _keep_when_connected(anode: AsyncNode, task: asyncio.Task[Any]) -> None:
+    """A connect the fan-out stopped waiting for (cancelled): keep the connection if it succeeds."""
 
-
-async def _call(anode: AsyncNode, conn: Any, command: tuple[Any, ...], script: Script | None, probe: bool) -> Any:
-    """Read the reply to a command already written (after the probe's replies, if one was sent)."""
-    if probe:
-        replies: list[Any] = []
-        for _ in PROBE:
-            try:
-                replies.append(await conn.read_response(timeout=None))
-            except ResponseError as exc:
-                replies.append(exc)
-        anode.node.learn(replies, time.monotonic())
-    try:
-        return await conn.read_response(timeout=None)
-    except NoScriptError:
-        if script is None:
-            raise
-        _write(conn, pack(("EVAL", script.source, *command[2:])))
-        return await conn.read_response(timeout=None)
-
-
-def _leave(anode: AsyncNode, conn: Any, task: asyncio.Task[Any], keys: list[str], since: float) -> None:
-    """Let an unanswered call finish in the background; free or drop its connection after."""
-    busy = _Busy(conn, keys)
-    busy.since = since
-    busy.task = task
-    anode._busy[conn] = busy
-
-    def after(finished: asyncio.Task[Any]) -> None:
-        if finished.cancelled() or (finished.exception() and not isinstance(finished.exception(), ResponseError)):
-            anode._busy.pop(conn, None)
-            asyncio.ensure_future(_adisconnect(conn))
-            return
-        busy.pending -= 1
-        if busy.pending > 0:  # a release was queued behind it: read that reply too
-            busy.since = time.monotonic()
-            follow = asyncio.ensure_future(conn.read_response(timeout=None))
-            busy.task = follow
-            follow.add_done_callback(after)
-            return
-        anode._busy.pop(conn, None)
-        anode.checkin(conn)
+    def after(done: asyncio.Task[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            anode.checkin(done.result())
 
     task.add_done_callback(after)
 
@@ -235,105 +244,116 @@ async def afanout(
     """The asyncio version of :func:`django_redlock.core.nodes.fanout`."""
     results: list[Any] = [None] * len(anodes)
     started = time.monotonic()
-    checkouts: dict[int, Any] = {}
-    conns: dict[int, Any] = {}
-    for i, (anode, command) in enumerate(zip(anodes, commands)):
-        if command is None:
-            results[i] = Failure("skipped")
-            continue
-        anode._check_loop()
-        if ordered_after_key is not None:
-            busy = anode.busy_for(ordered_after_key)
-            if busy is not None:
-                queued = command
-                if script is not None and queued[0] == "EVALSHA":
-                    queued = ("EVAL", script.source, *queued[2:])
-                busy.pending += 1  # the background reader now expects one more reply
-                try:
-                    _write(busy.conn, pack(queued))
-                    results[i] = Failure("queued behind an unanswered command")
-                except Exception as exc:  # noqa: BLE001 - the reader drops the broken connection
-                    results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
-                continue
-        try:
-            conn = anode.ready(allow_lagging)
-        except NodeUnavailable as exc:
-            results[i] = Failure(str(exc))
-            continue
-        if conn is not None:
-            conns[i] = conn
-        else:
-            checkouts[i] = asyncio.ensure_future(anode.connect())
-    if checkouts:
-        await asyncio.wait(checkouts.values())
-    for i, fut in checkouts.items():
-        exc = fut.exception()
-        if exc is not None:
-            results[i] = Failure(str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout))
-        else:
-            conns[i] = fut.result()
-    tasks: dict[asyncio.Task[Any], int] = {}
+    loop = asyncio.get_running_loop()
+    is_release = script is RELEASE
     packed: dict[Any, bytes] = {}
-    for i in sorted(conns):
-        command = commands[i]
-        data = packed.get(command)
-        if data is None:
-            data = packed[command] = pack(command)  # the same command usually goes to every node
-        probe = restart_window > 0 and getattr(conns[i], "_redlock_probed", True) is False
-        if probe:
-            conns[i]._redlock_probed = True
-            data = b"".join(pack(c) for c in PROBE) + data
+    conns: dict[int, Any] = {}
+    mine: dict[int, ledger.Entry] = {}
+    connecting: dict[int, asyncio.Task[Any]] = {}
+
+    def write(i: int, conn: Any, command: tuple[Any, ...], wait: bool) -> None:
+        anode = anodes[i]
+        wire = packed.get(command)
+        if wire is None:
+            wire = packed[command] = pack(command)  # the same command usually goes to every node
+        retry = None
+        if script is not None and command[0] == "EVALSHA":
+            retry = pack(("EVAL", script.source, *command[2:]))
+        entry = ledger.entry_for(command, is_release, loop.create_future() if wait else None, retry)
         try:
-            _write(conns[i], data)
-        except Exception as exc:  # noqa: BLE001
-            results[i] = Failure(anodes[i].node.redact(describe(exc, anodes[i].node_timeout)))
-            asyncio.ensure_future(_adisconnect(conns[i]))
-            continue
-        call = _call(anodes[i], conns[i], command, script, probe)  # type: ignore[arg-type]
-        tasks[asyncio.ensure_future(call)] = i
-    deadline = time.monotonic() + timeout
-    pending = set(tasks)
-    while pending and not (done is not None and done(results)):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        finished, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        for task in finished:
-            _settle(anodes, conns, tasks[task], task, results, timings, started, restart_window)
-    for task in list(pending):
-        if task.done():
-            pending.discard(task)
-            _settle(anodes, conns, tasks[task], task, results, timings, started, restart_window)
-    for task in pending:
-        i = tasks[task]
-        _leave(anodes[i], conns[i], task, list(keys), started)
-        results[i] = Failure(f"no reply within {anodes[i].node_timeout * 1000:.0f} ms")
+            anode.send(conn, wire, entry, restart_window, started)
+        except Exception as exc:  # noqa: BLE001 - the connection is broken: drop it
+            results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
+            anode.drop(conn)
+            return
+        if wait:
+            conns[i], mine[i] = conn, entry
+
+    try:
+        for i, (anode, command) in enumerate(zip(anodes, commands)):
+            if command is None:
+                results[i] = Failure("skipped")
+                continue
+            anode._check_loop()
+            if ordered_after_key is not None:
+                busy = anode.busy_for(ordered_after_key)
+                if busy is not None:
+                    conn, since = busy
+                    if script is not None and command[0] == "EVALSHA":
+                        command = ("EVAL", script.source, *command[2:])  # a late NOSCRIPT would not be retried
+                    overdue = started - since > anode.node_timeout
+                    write(i, conn, command, wait=not overdue)
+                    if overdue and results[i] is None:
+                        results[i] = Failure("queued behind an unanswered command")
+                    continue
+            try:
+                conn = anode.ready(allow_lagging)
+            except NodeUnavailable as exc:
+                results[i] = Failure(str(exc))
+                continue
+            if conn is None:
+                connecting[i] = asyncio.ensure_future(anode.connect())
+            else:
+                write(i, conn, command, wait=True)
+        if connecting:
+            await asyncio.wait(connecting.values())
+            for i, task in connecting.items():
+                exc = task.exception()
+                if exc is not None:
+                    results[i] = Failure(str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout))
+                else:
+                    write(i, task.result(), commands[i], wait=True)  # type: ignore[arg-type]
+            connecting = {}
+        deadline = time.monotonic() + timeout
+        waiting = {mine[i].waiter: i for i in mine}
+        while waiting and not (done is not None and done(results)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            finished, _ = await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            for future in finished:
+                i = waiting.pop(future)
+                _settle(anodes[i], conns[i], future.result(), i, results, timings, started, restart_window)
+        for future, i in list(waiting.items()):
+            if future.done():
+                del waiting[future]
+                _settle(anodes[i], conns[i], future.result(), i, results, timings, started, restart_window)
+        late = time.monotonic() - started >= min(a.node_timeout for a in anodes)
+        decided = done is not None and done(results)
+        for future, i in waiting.items():
+            mine[i].waiter = None  # the reader books it when it comes
+            if decided and not late:
+                results[i] = Failure("not awaited: the outcome was already known", answered=True)
+            else:
+                results[i] = Failure(f"no reply within {anodes[i].node_timeout * 1000:.0f} ms")
+    except BaseException:
+        # Cancelled: readers keep reading and booking; connects finish into the pool.
+        for entry in mine.values():
+            entry.waiter = None
+        for i, task in connecting.items():
+            _keep_when_connected(anodes[i], task)
+        raise
     return results
 
 
 def _settle(
-    anodes: Sequence[AsyncNode],
-    conns: dict[int, Any],
+    anode: AsyncNode,
+    conn: Any,
+    reply: Any,
     i: int,
-    task: asyncio.Task[Any],
     results: list[Any],
     timings: list[float | None] | None,
     started: float,
     window: float,
 ) -> None:
-    anode = anodes[i]
-    exc = task.exception()
-    if exc is None:
-        results[i] = (window > 0 and sitting_out_failure(anode.node, window)) or task.result()
+    if isinstance(reply, Failure):
+        results[i] = reply
+    elif isinstance(reply, ResponseError):
+        results[i] = Failure(anode.node.redact(describe(reply, anode.node_timeout)), answered=True)
+    else:
+        results[i] = (window > 0 and anode.node.vote_failure(conn, window)) or reply
         if timings is not None:
             timings[i] = time.monotonic() - started
-        anode.checkin(conns[i])
-    elif isinstance(exc, ResponseError):
-        results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)), answered=True)
-        anode.checkin(conns[i])
-    else:
-        results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
-        asyncio.ensure_future(_adisconnect(conns[i]))
 
 
 class AsyncLock(LockBase):
@@ -485,18 +505,22 @@ class AsyncLockManager(ManagerBase):
         total = len(self.node_list)
         while True:
             started = time.monotonic()
-            results = await self._fanout(
-                [base.set_command(plan.key, plan.value, plan.ttl)] * total,
-                done=base.until_outcome(self.quorum, total),
-                keys=[plan.key],
-                allow_lagging=False,
-                restart_window=plan.window,
-            )
-            if plan.won(results, started, self.quorum):
-                lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
-                base.call_hook(self.config.hooks, "acquired", lock)
-                return lock
-            await self._release_keys(plan.key, plan.value)
+            try:
+                results = await self._fanout(
+                    [base.set_command(plan.key, plan.value, plan.ttl)] * total,
+                    done=base.until_outcome(self.quorum, total),
+                    allow_lagging=False,
+                    restart_window=plan.window,
+                )
+                if plan.won(results, started, self.quorum):
+                    lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
+                    base.call_hook(self.config.hooks, "acquired", lock)
+                    return lock
+            except BaseException:
+                # Cancelled (a dropped request, wait_for): release what may have been set, in the background.
+                self._start_release(plan.key, plan.value, plan.ttl)
+                raise
+            await self._release_keys(plan.key, plan.value, plan.ttl)
             pause = plan.pause()
             if pause is None:
                 break
@@ -568,15 +592,26 @@ class AsyncLockManager(ManagerBase):
 
     # -- internals used by AsyncLock -------------------------------------
 
-    async def _release_keys(self, key: str, value: str) -> list[Any]:
+    def _start_release(self, key: str, value: str, ttl: float | None = None) -> asyncio.Task[list[Any]]:
+        """Release ``value`` on every node in a task that outlives a cancelled caller."""
+        for node in self.node_list:
+            node.owe(key, value, ttl or self.config.max_ttl)  # paid on next use if this task cannot finish
         command = script_command(RELEASE, [key], [value])
-        return await self._fanout(
-            [command] * len(self.node_list),
-            script=RELEASE,
-            keys=[key],
-            ordered_after_key=key,
-            allow_lagging=False,
+        task = asyncio.ensure_future(
+            self._fanout(
+                [command] * len(self.node_list),
+                script=RELEASE,
+                ordered_after_key=key,
+                allow_lagging=False,
+            )
         )
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        return task
+
+    async def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
+        """Release ``value`` on every node; cancelling the caller does not stop the release."""
+        return await asyncio.shield(self._start_release(key, value, ttl))
 
     async def _retry_after(self, key: str) -> float | None:
         results = await self._fanout([("PTTL", key)] * len(self.node_list), allow_lagging=False)

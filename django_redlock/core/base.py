@@ -25,6 +25,8 @@ __all__ = ["Hooks", "ManagerConfig"]
 
 #: Fixed part of the drift allowance (the spec's "2 milliseconds").
 DRIFT_CONSTANT = 0.002
+#: The longest ttl any client may use unless configured otherwise (seconds).
+DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
 TOKEN_BYTES = 20
 
@@ -126,10 +128,10 @@ class ManagerConfig:
         label: str | None = None,
         hooks: Hooks | None = None,
         restart_window: float | None = None,
+        max_ttl: float = DEFAULT_MAX_TTL,
     ) -> None:
-        self.ttl = check_ttl(ttl, 30.0)
-        self.restart_window = check_seconds(restart_window, "restart_window", allow_none=True, allow_zero=True)
-        self.max_ttl = self.ttl
+        self.max_ttl = check_ttl(max_ttl, DEFAULT_MAX_TTL, "max_ttl")
+        self.ttl = self.lock_ttl(ttl, 30.0)
         self.retry_count = check_count(retry_count, "retry_count", allow_none=True)
         self.retry_delay = check_seconds(retry_delay, "retry_delay", allow_zero=True)
         self.retry_jitter = check_seconds(retry_jitter, "retry_jitter", allow_zero=True)
@@ -138,6 +140,17 @@ class ManagerConfig:
         if drift >= 0.5:
             raise ValueError(f"clock_drift_factor must be below 0.5 (a fraction of the ttl); got {drift}.")
         self.clock_drift_factor = drift
+        window = check_seconds(restart_window, "restart_window", allow_none=True, allow_zero=True)
+        if window is None:
+            window = self.max_ttl + self.drift(self.max_ttl)
+        elif 0 < window < self.max_ttl:
+            raise ValueError(
+                f"restart_window ({window} s) is shorter than max_ttl ({self.max_ttl} s): a node restarted "
+                "empty would vote again while locks it forgot are still valid. Use a window >= max_ttl, "
+                "or 0 to turn the delayed-restart rule off (only for nodes that fsync every write, or tests)."
+            )
+        #: How long a node restarted without fsync-always persistence sits out (0: rule off).
+        self.restart_window = window
         timeout = check_seconds(node_timeout, "node_timeout")
         assert timeout is not None
         self.node_timeout = timeout
@@ -155,11 +168,22 @@ class ManagerConfig:
     def key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"
 
+    def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
+        """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
+        value = check_ttl(ttl, default, argument)
+        if value > self.max_ttl:
+            raise ValueError(
+                f"{argument} ({value} s) is above max_ttl ({self.max_ttl} s), the longest ttl any client of "
+                "these nodes may use (the delayed-restart window is built on it). Keep long work alive with "
+                "auto_extend=True or extend(), or raise max_ttl (REDLOCK['MAX_TTL']) in every client."
+            )
+        return value
+
     def window(self, ttl: float | None = None) -> float:
-        """How long a restarted node sits out: ``restart_window``, or the longest ttl used."""
-        if ttl is not None and ttl > self.max_ttl:
-            self.max_ttl = ttl
-        return self.restart_window if self.restart_window is not None else self.max_ttl
+        """How long a restarted node sits out; a ``ttl`` passed in is checked against ``max_ttl``."""
+        if ttl is not None:
+            self.lock_ttl(ttl, self.ttl)
+        return self.restart_window
 
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
@@ -365,6 +389,7 @@ class ManagerBase:
         label: str | None = None,
         hooks: Hooks | None = None,
         restart_window: float | None = None,
+        max_ttl: float = DEFAULT_MAX_TTL,
     ) -> None:
         self.config = ManagerConfig(
             ttl=ttl,
@@ -378,6 +403,7 @@ class ManagerBase:
             label=label,
             hooks=hooks,
             restart_window=restart_window,
+            max_ttl=max_ttl,
         )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
         self.quorum = quorum_of(len(self.node_list))
@@ -511,17 +537,23 @@ class Attempts:
     ) -> None:
         self.config = config
         self.resource = check_resource(resource)
-        self.ttl = check_ttl(ttl, config.ttl)
+        self.ttl = config.lock_ttl(ttl, config.ttl)
         self.timeout = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
         self.blocking = blocking
-        self.holder = new_holder(label if label is not None else config.label)
+        self.label = label if label is not None else config.label
         self.key = config.key(self.resource)
-        self.value = self.holder.encode()
-        self.window = config.window(self.ttl)
+        self.window = config.restart_window
+        self._new_holder()
         self.begun = time.monotonic()
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
+
+    def _new_holder(self) -> None:
+        # Every attempt sets its own value: a late release of an earlier attempt
+        # (bytes delivered after a connection was given up) can never match it.
+        self.holder = new_holder(self.label)
+        self.value = self.holder.encode()
 
     def won(self, results: Sequence[Any], started: float, quorum: int) -> bool:
         """Judge an attempt: a quorum said yes and validity is left after drift."""
@@ -531,7 +563,13 @@ class Attempts:
         return count(results) >= quorum and self.validity > 0
 
     def pause(self) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up."""
+        """Seconds to wait before the next attempt (which gets a new value), or None to give up."""
+        pause = self._pause()
+        if pause is not None:
+            self._new_holder()
+        return pause
+
+    def _pause(self) -> float | None:
         if not self.blocking:
             return None
         pause = self.config.retry_pause()

@@ -62,13 +62,18 @@ class LockManager(ManagerBase):
         plan = base.Attempts(self.config, resource, ttl, blocking, timeout, label)
         while True:
             started = time.monotonic()
-            results = self._set_all(plan.key, plan.value, plan.ttl, plan.window)
-            if plan.won(results, started, self.quorum):
-                lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
-                base.call_hook(self.config.hooks, "acquired", lock)
-                return lock
+            try:
+                results = self._set_all(plan.key, plan.value, plan.ttl, plan.window)
+                if plan.won(results, started, self.quorum):
+                    lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
+                    base.call_hook(self.config.hooks, "acquired", lock)
+                    return lock
+            except BaseException:
+                # Interrupted (a signal, KeyboardInterrupt): release what may have been set.
+                self._release_keys(plan.key, plan.value, plan.ttl)
+                raise
             # Failed: release on every node, also those that seemed to fail.
-            self._release_keys(plan.key, plan.value)
+            self._release_keys(plan.key, plan.value, plan.ttl)
             pause = plan.pause()
             if pause is None:
                 break
@@ -177,8 +182,11 @@ class LockManager(ManagerBase):
             restart_window=window,
         )
 
-    def _release_keys(self, key: str, value: str) -> list[Any]:
+    def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
+        """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
         nodes = self.node_list
+        for node in nodes:
+            node.owe(key, value, ttl or self.config.max_ttl)
         command = script_command(RELEASE, [key], [value])
         return fanout(
             nodes,

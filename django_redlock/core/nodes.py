@@ -23,6 +23,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,9 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core.scripts import Script
+from django_redlock.core import ledger
+from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for, parse_info
+from django_redlock.core.scripts import RELEASE, Script
 
 __all__ = ["Failure", "Node", "NodeSpec", "fanout", "parse_nodes"]
 
@@ -155,7 +158,12 @@ def _name_from_kwargs(kwargs: Mapping[str, Any]) -> str:
 
 
 class Node:
-    """One independent Redis master and its connections (thread-safe, fork-aware)."""
+    """One independent Redis master and its connections (thread-safe, fork-aware).
+
+    Each connection carries its own queue of unanswered entries and what its
+    restart probe learned (see :mod:`django_redlock.core.ledger`); the node
+    keeps its release debts.
+    """
 
     def __init__(
         self,
@@ -164,6 +172,7 @@ class Node:
         *,
         node_timeout: float,
         name: str | None = None,
+        fsync_always: bool = False,
     ) -> None:
         kwargs = dict(connection_kwargs)
         secrets = [str(kwargs.get("password") or "")]
@@ -190,10 +199,13 @@ class Node:
         self.path = kwargs.get("path")
         self.db = int(kwargs.get("db") or 0)
         self.node_timeout = node_timeout
+        #: Declared to fsync every write: votes at once after a restart, never probed.
+        self.fsync_always = bool(fsync_always)
         self.stale_limit = max(STALE_LIMIT_MIN, 20 * node_timeout)
         self._secrets = [s for s in secrets if s]
         self._mutex = threading.Lock()
         self._reset()
+        _NODES.add(self)
         try:
             connection_class(**kwargs)  # fail now on bad options, not on the first lock
         except (TypeError, ValueError) as exc:
@@ -202,13 +214,15 @@ class Node:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._idle: deque[Any] = deque()
-        # parked connections: conn -> [pending replies, time the oldest was sent, keys]
-        self._parked: dict[Any, list[Any]] = {}
+        # parked connections (entries still unanswered) -> when the last reply was read or the oldest sent
+        self._parked: dict[Any, float] = {}
         self._down_until = 0.0
         self._down_reason = ""
-        #: What the last probe learned: (uptime s, monotonic time read, fsyncs every write, run id).
-        self.probe: tuple[float, float, bool, str] | None = None
-        self._probe_warned = False
+        self._books = threading.Lock()  # guards the ledger (never held during I/O)
+        self.ledger = Ledger()
+        #: The last restart state a probe learned (for status and logs).
+        self.restart: Restart | None = None
+        self._denied_warned = False
         self.announced = ""  # run id of the restart last logged
 
     def __repr__(self) -> str:
@@ -226,73 +240,88 @@ class Node:
                     self._reset()  # the parent's sockets are not ours to use
 
     def _drain_parked(self, now: float) -> None:
-        """Read late replies that already arrived; drop connections overdue too long."""
-        for conn, state in list(self._parked.items()):
+        """Read and book late replies that already arrived; drop connections overdue too long."""
+        for conn, since in list(self._parked.items()):
             try:
-                while state[0] and conn.can_read(0):
-                    try:
-                        conn.read_response()
-                    except ResponseError:
-                        pass
-                    state[0] -= 1
-                    state[1] = now
-                    state[2] = state[2][1:]
+                while conn.expect and conn.can_read(0):
+                    read_booked(self, conn)
+                    since = now
             except (RedisError, OSError, ValueError):
                 self._parked.pop(conn, None)
-                _disconnect(conn)
+                self.drop(conn, now)
                 continue
-            if not state[0]:
+            if not conn.expect:
                 self._parked.pop(conn, None)
                 self._idle.append((conn, now))
-            elif now - state[1] > self.stale_limit:
+            elif now - since > self.stale_limit:
                 self._parked.pop(conn, None)
-                _disconnect(conn)
+                self.drop(conn, now)
+            else:
+                self._parked[conn] = since
 
-    def learn(self, replies: Sequence[Any], received: float) -> None:
-        """Record a probe's INFO and CONFIG GET appendfsync replies."""
-        info = parse_info(replies[0]) if not isinstance(replies[0], Exception) else {}
+    # -- books -------------------------------------------------------------
 
-        def config(reply: Any) -> str:
-            # CONFIG may be renamed or denied: unknown counts as "not durable".
-            if isinstance(reply, list) and len(reply) == 2:
-                value = reply[1]
-                return value.decode() if isinstance(value, bytes) else str(value)
-            return ""
+    def book(self, conn: Any, entry: Entry, reply: Any, now: float) -> None:
+        """Book one reply read from ``conn`` (whoever waits for it)."""
+        kind = entry.kind
+        if kind == ledger.RELEASE:
+            with self._books:
+                self.ledger.settle(entry.key, entry.value, reply)
+        elif kind == ledger.PROBE_REPLY:
+            conn.probe_replies.append(reply)
+            if len(conn.probe_replies) == len(PROBE):
+                conn.restart = self.restart = ledger.learn(conn.probe_replies, now)
+                conn.probe_replies = []
+                conn.probing = False
+                if conn.restart.uptime is None and not conn.restart.durable and not self._denied_warned:
+                    self._denied_warned = True
+                    logger.warning("Node %s: %s.", self.name, ledger.DENIED)
 
-        durable = config(replies[1]) == "yes" and config(replies[2]) == "always"
-        try:
-            uptime = float(info["uptime_in_seconds"])
-        except (KeyError, ValueError):
-            if not self._probe_warned:
-                self._probe_warned = True
-                logger.warning(
-                    "Node %s does not tell its uptime (INFO denied?): the delayed-restart rule "
-                    "cannot be enforced for it. Allow INFO and CONFIG GET for the lock user.",
-                    self.name,
-                )
-            return
-        self.probe = (uptime, received, durable, info.get("run_id", ""))
+    def owe(self, key: str, value: str, ttl: float) -> None:
+        """A release of ``value`` is about to be written: owe it until it is proven done."""
+        now = time.monotonic()
+        with self._books:
+            self.ledger.owe(key, value, now + ttl + self.stale_limit, now)
 
-    def sitting_out(self, window: float, now: float) -> float:
-        """Seconds this node must still sit out after a restart (0 when it may vote).
+    def prepare(self, conn: Any, wire: bytes, mine: Entry, window: float, now: float) -> bytes:
+        """Bytes to write for one command: debts due first, a restart probe if needed, then it."""
+        expect = conn.expect
+        parts: list[bytes] = []
+        if self.ledger.debts:
+            with self._books:
+                due = self.ledger.due(now, self.node_timeout)
+            for debt in due:  # sent as EVAL: no NOSCRIPT to handle
+                parts.append(pack(("EVAL", RELEASE.source, 1, debt.key, debt.value)))
+                expect.append(Entry(ledger.RELEASE, debt.key, debt.value))
+        if window > 0 and not self.fsync_always and conn.restart is None and not conn.probing:
+            parts.append(PROBE_WIRE)
+            conn.probing = True
+            expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+        expect.append(mine)
+        if not parts:
+            return wire
+        parts.append(wire)
+        return b"".join(parts)
 
-        A node restarted without fsync-every-write persistence may have lost
-        keys of locks that are still valid; it does not vote until its uptime
-        passes ``window`` (the longest ttl in use).
-        """
-        if window <= 0 or self.probe is None:
-            return 0.0
-        uptime, seen, durable, _ = self.probe
-        if durable:
-            return 0.0
-        return max(0.0, window - (uptime + now - seen))
+    def vote_failure(self, conn: Any, window: float) -> Failure | None:
+        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+        if window <= 0 or self.fsync_always:
+            return None
+        reason = ledger.vote_refusal(conn.restart, window, time.monotonic(), False)
+        if reason is None:
+            return None
+        restart = conn.restart
+        if restart is not None and restart.uptime is not None and self.announced != restart.run_id:
+            self.announced = restart.run_id  # one log line per restart, not per vote
+            logger.warning("Node %s %s.", self.name, reason)
+        return Failure(reason)
 
     def lagging(self, now: float) -> bool:
         """True while a reply from this node is overdue by more than the node timeout."""
-        return any(state[0] and now - state[1] > self.node_timeout for state in self._parked.values())
+        return any(conn.expect and now - since > self.node_timeout for conn, since in self._parked.items())
 
-    def checkout(self, *, for_key: str | None = None, allow_lagging: bool = True) -> tuple[Any, list[Any] | None]:
-        """Return ``(connection, parked)``; ``parked`` is the state of a connection with pending replies.
+    def checkout(self, *, for_key: str | None = None, allow_lagging: bool = True) -> tuple[Any, float | None]:
+        """Return ``(connection, parked since)``; the second is None unless replies are still pending on it.
 
         With ``for_key``, a parked connection that still carries a command for that key
         is returned, so the new command stays ordered after it.
@@ -304,10 +333,10 @@ class Node:
             if self._parked:  # usually empty: only after an early decision or a silent node
                 self._drain_parked(now)
                 if for_key is not None:
-                    for conn, state in self._parked.items():
-                        if for_key in state[2] and state[0] < MAX_PENDING:
+                    for conn, since in self._parked.items():
+                        if len(conn.expect) < MAX_PENDING and any(e.key == for_key for e in conn.expect):
                             del self._parked[conn]
-                            return conn, state
+                            return conn, since
                 if not allow_lagging and self.lagging(now):
                     raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
             if now < self._down_until:
@@ -333,29 +362,51 @@ class Node:
             raise NodeUnavailable(reason) from None
         return conn, None
 
-    def checkin(self, conn: Any) -> None:
+    def checkin(self, conn: Any, since: float) -> None:
+        """Give a connection back: idle when nothing is pending on it, else parked."""
         if os.getpid() != self._pid:
             return
-        with self._mutex:
-            self._idle.append((conn, time.monotonic()))
-
-    def park(self, conn: Any, pending: int, keys: Sequence[str], sent_at: float) -> None:
-        if os.getpid() != self._pid or pending > MAX_PENDING:
-            _disconnect(conn)
+        if conn.expect and len(conn.expect) > MAX_PENDING:
+            self.drop(conn, time.monotonic())
             return
         with self._mutex:
-            self._parked[conn] = [pending, sent_at, list(keys)]
+            if conn.expect:
+                self._parked[conn] = since
+            else:
+                self._idle.append((conn, time.monotonic()))
 
-    def discard(self, conn: Any) -> None:
-        _disconnect(conn)
+    def drop(self, conn: Any, now: float, *, close: bool = True) -> None:
+        """Give up a connection; what was unanswered on it may still reach the node."""
+        entries = list(getattr(conn, "expect", ()))
+        if entries:
+            with self._books:
+                self.ledger.dropped(entries, now + max(e.ttl for e in entries) + self.stale_limit)
+            conn.expect.clear()
+        if close:
+            _disconnect(conn)
 
     def close(self) -> None:
         with self._mutex:
             conns = [conn for conn, _ in self._idle] + list(self._parked)
             self._idle.clear()
             self._parked.clear()
+        now = time.monotonic()
         for conn in conns:
-            _disconnect(conn)
+            self.drop(conn, now)
+
+
+#: Every node of this process, reset in a forked child (its parent's sockets and mutexes are not its own).
+_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for node in list(_NODES):
+        node._mutex = threading.Lock()
+        node._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _idle_ok(conn: Any) -> bool:
@@ -397,24 +448,6 @@ def describe(exc: BaseException, node_timeout: float) -> str:
     if isinstance(exc, OSError):
         return f"socket error ({exc.__class__.__name__})"
     return f"error ({exc.__class__.__name__})"
-
-
-#: Sent ahead of the first vote on a new connection: is this node freshly restarted?
-PROBE: tuple[tuple[Any, ...], ...] = (
-    ("INFO", "server"),
-    ("CONFIG", "GET", "appendonly"),
-    ("CONFIG", "GET", "appendfsync"),
-)
-
-
-def parse_info(reply: Any) -> dict[str, str]:
-    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and ":" in line:
-            name, _, value = line.partition(":")
-            info[name.strip()] = value.strip()
-    return info
 
 
 # -- the wire: RESP2 on the connected socket -----------------------------------
@@ -516,14 +549,19 @@ class Wire:
     itself, which keeps a fan-out cheap enough to cost about one round trip.
     """
 
-    __slots__ = ("conn", "_sock", "_buf", "_pos", "_redlock_probed")
+    __slots__ = ("conn", "_sock", "_buf", "_pos", "expect", "restart", "probe_replies", "probing")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self._sock = conn._sock
         self._buf = bytearray()
         self._pos = 0
-        self._redlock_probed = False
+        #: Commands written whose replies have not been read, oldest first.
+        self.expect: deque[Entry] = deque()
+        #: What the restart probe sent on this connection learned (None: not yet).
+        self.restart: Restart | None = None
+        self.probe_replies: list[Any] = []
+        self.probing = False
 
     encoder = None
 
@@ -621,22 +659,32 @@ def node_from_spec(spec: NodeSpec, node_timeout: float, where: str) -> Node:
         return Node(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
     if isinstance(spec, Mapping):
         lowered = {str(k).lower(): v for k, v in spec.items()}
-        unknown = set(lowered) - {"url", "options"}
+        unknown = set(lowered) - {"url", "options", "fsync_always"}
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; expected 'URL' and optional 'OPTIONS'.")
+            raise ValueError(
+                f"{where}: unknown key(s) {sorted(unknown)}; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'."
+            )
         url = lowered.get("url")
         options = lowered.get("options") or {}
+        fsync_always = lowered.get("fsync_always", False)
         if not isinstance(url, str):
             raise ValueError(f"{where}: 'URL' must be a Redis URL string.")
         if not isinstance(options, Mapping):
             raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
-        return _node_from_url(url, dict(options), node_timeout, where)
+        if not isinstance(fsync_always, bool):
+            raise ValueError(
+                f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
+                f"appendfsync always, so it may vote right after a restart); got {fsync_always!r}."
+            )
+        return _node_from_url(url, dict(options), node_timeout, where, fsync_always)
     raise ValueError(
         f"{where}: expected a Redis URL string, a redis.Redis client or a dict with 'URL'; got {type(spec).__name__}."
     )
 
 
-def _node_from_url(url: str, options: dict[str, Any], node_timeout: float, where: str) -> Node:
+def _node_from_url(
+    url: str, options: dict[str, Any], node_timeout: float, where: str, fsync_always: bool = False
+) -> Node:
     _check_url(url, where)
     try:
         pool = redis.ConnectionPool.from_url(url, **options)
@@ -646,7 +694,7 @@ def _node_from_url(url: str, options: dict[str, Any], node_timeout: float, where
     kwargs = pool.connection_kwargs
     if "password" not in options and urlsplit(url).password:
         kwargs["password"] = unquote(urlsplit(url).password or "")
-    return Node(pool.connection_class, kwargs, node_timeout=node_timeout)
+    return Node(pool.connection_class, kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
 
 
 # -- the fan-out -----------------------------------------------------------
@@ -654,24 +702,49 @@ def _node_from_url(url: str, options: dict[str, Any], node_timeout: float, where
 Command = tuple[Any, ...]
 Done = Callable[[list[Any]], bool]
 
+PROBE_WIRE = b"".join(pack(c) for c in PROBE)
+
 
 class _Call:
-    __slots__ = ("node", "conn", "command", "script", "index", "keys", "skip", "probe", "probe_replies")
+    __slots__ = ("index", "node", "conn", "command", "script", "mine", "settled")
 
-    def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, keys) -> None:
+    def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, mine: Entry) -> None:
         self.index = index
         self.node = node
         self.conn = conn
         self.command = command
         self.script = script
-        self.keys = keys
-        self.skip = 0
-        self.probe = 0
-        self.probe_replies: list[Any] = []
+        self.mine = mine
+        self.settled = False
 
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def read_booked(node: Node, conn: Any) -> tuple[Entry, Any]:
+    """Read the next reply on ``conn``, match it to the oldest entry and book it.
+
+    Error replies are returned as exceptions; a broken connection raises.
+    A script answered NOSCRIPT is sent again as EVAL (the returned entry is
+    then the new one and the reply ``_RESENT``).
+    """
+    try:
+        reply = conn.read_response()
+    except ResponseError as exc:
+        reply = exc
+    if not conn.expect:
+        raise RedisConnectionError("Protocol error: a reply nobody asked for")
+    entry = conn.expect.popleft()
+    node.book(conn, entry, reply, time.monotonic())
+    if isinstance(reply, NoScriptError) and entry.retry is not None:
+        # The node forgot the script (a restart): send its source, once, in the same order.
+        again = ledger.after_noscript(entry)
+        assert again is not None
+        conn.send_packed_command(entry.retry)
+        conn.expect.append(again)
+        return again, _RESENT
+    return entry, reply
 
 
 def fanout(
@@ -692,79 +765,78 @@ def fanout(
     Returns one entry per node: the reply, or a :class:`Failure`. Stops waiting
     when ``done(results)`` is true (results still pending are ``None`` in the
     list passed to it) or when ``timeout`` has passed; replies not read by then
-    are left on their connection and become ``Failure("no reply ...")`` here.
-    With ``ordered_after_key``, a node whose earlier command on that key is
-    still unanswered gets this command on the same connection, unawaited.
-    ``timings``, when given, receives each node's reply time in seconds.
-    With ``restart_window``, the replies are votes: a node restarted less than
-    that many seconds ago (without fsync-every-write persistence) sits out, and
-    a new connection first asks the node for its uptime in the same write.
+    are left on their connection and become ``Failure("no reply ...")`` here
+    (they are read and booked later). With ``ordered_after_key``, a node whose
+    earlier command on that key is still unanswered gets this command on the
+    same connection, unawaited. ``timings``, when given, receives each node's
+    reply time in seconds. With ``restart_window``, the replies are votes: a
+    node restarted less than that many seconds ago (without fsync-every-write
+    persistence), or whose restart state is unknown, does not vote; a new
+    connection asks the node for its uptime in the same write. ``keys`` is
+    accepted for compatibility; the connection's entries carry the keys.
     """
     results: list[Any] = [None] * len(nodes)
     calls: dict[int, _Call] = {}
     packed: dict[Any, Any] = {}
+    is_release = script is RELEASE
     sent_at = time.monotonic()
-    for i, (node, command) in enumerate(zip(nodes, commands)):
-        if command is None:
-            results[i] = Failure("skipped")
-            continue
-        try:
-            conn, parked = node.checkout(for_key=ordered_after_key, allow_lagging=allow_lagging)
-        except NodeUnavailable as exc:
-            results[i] = Failure(str(exc))
-            continue
-        except Exception as exc:  # noqa: BLE001 - a node's failure is a vote, never an error
-            results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
-            continue
-        if parked is not None and script is not None and command[0] == "EVALSHA":
-            # A late reply on this connection is never read for NOSCRIPT: send the source.
-            command = ("EVAL", script.source, *command[2:])
-        try:
-            # The same command usually goes to every node: encode it once.
-            wire = packed.get(command)
-            if wire is None:
-                wire = packed[command] = conn.pack_command(*command)
-            probe = restart_window > 0 and getattr(conn, "_redlock_probed", True) is False
-            if probe:
-                wire = conn.pack_commands(PROBE) + wire
-                conn._redlock_probed = True
-            conn.send_packed_command(wire, check_health=False)
-        except (RedisError, OSError, ValueError) as exc:
-            node.discard(conn)
-            results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
-            continue
-        if parked is not None and sent_at - parked[1] > node.node_timeout:
-            # Ordered behind a command that is overdue: queue it, do not wait for it.
-            node.park(conn, parked[0] + 1, [*parked[2], ordered_after_key], parked[1])
-            results[i] = Failure("queued behind an unanswered command")
-            continue
-        calls[i] = _Call(i, node, conn, command, script, keys)
-        if parked is not None:
-            calls[i].skip = parked[0]  # read the earlier replies first, then ours
-        elif probe:
-            calls[i].probe = len(PROBE)
-    if calls:
-        # Each node gets the full timeout after its command went out (connects can take time).
-        _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings, restart_window)
+    writing: tuple[Node, Any] | None = None
+    try:
+        for i, (node, command) in enumerate(zip(nodes, commands)):
+            if command is None:
+                results[i] = Failure("skipped")
+                continue
+            try:
+                conn, parked = node.checkout(for_key=ordered_after_key, allow_lagging=allow_lagging)
+            except NodeUnavailable as exc:
+                results[i] = Failure(str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - a node's failure is a vote, never an error
+                results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
+                continue
+            if parked is not None and script is not None and command[0] == "EVALSHA":
+                # A late reply on this connection is not retried for NOSCRIPT: send the source.
+                command = ("EVAL", script.source, *command[2:])
+            writing = (node, conn)
+            try:
+                # The same command usually goes to every node: encode it once.
+                wire = packed.get(command)
+                if wire is None:
+                    wire = packed[command] = pack(command)
+                retry = None
+                if script is not None and command[0] == "EVALSHA":
+                    retry = packed.get((script, command))
+                    if retry is None:
+                        retry = packed[(script, command)] = pack(("EVAL", script.source, *command[2:]))
+                mine = entry_for(command, is_release, i, retry)
+                conn.send_packed_command(node.prepare(conn, wire, mine, restart_window, sent_at))
+            except (RedisError, OSError, ValueError) as exc:
+                writing = None
+                node.drop(conn, time.monotonic())
+                results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
+                continue
+            writing = None
+            if parked is not None and sent_at - parked > node.node_timeout:
+                # Ordered behind a command that is overdue: queue it, do not wait for it.
+                mine.waiter = None
+                node.checkin(conn, parked)
+                results[i] = Failure("queued behind an unanswered command")
+                continue
+            calls[i] = _Call(i, node, conn, command, script, mine)
+        if calls:
+            # Each node gets the full timeout after its command went out (connects can take time).
+            _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings, restart_window)
+    except BaseException:
+        # Interrupted (a signal, an exception from a hook): keep the books straight.
+        if writing is not None:
+            writing[0].drop(writing[1], time.monotonic())
+        for call in calls.values():
+            if not call.settled:
+                call.mine.waiter = None
+                call.settled = True
+                call.node.checkin(call.conn, sent_at)
+        raise
     return results
-
-
-def sitting_out_failure(node: Node, window: float) -> Failure | None:
-    """A failure for a node that must not vote yet after a restart, else None."""
-    now = time.monotonic()
-    left = node.sitting_out(window, now)
-    if left <= 0:
-        return None
-    uptime = node.probe[0] + now - node.probe[1] if node.probe else 0.0
-    reason = (
-        f"restarted {uptime:.1f} s ago without fsync-always persistence; "
-        f"sits out for {left:.1f} s more (delayed restart)"
-    )
-    run_id = node.probe[3] if node.probe else ""
-    if node.announced != run_id:  # one log line per restart, not per vote
-        node.announced = run_id
-        logger.warning("Node %s %s.", node.name, reason)
-    return Failure(reason)
 
 
 def _collect(
@@ -777,24 +849,28 @@ def _collect(
     window: float = 0.0,
 ) -> None:
     poller = select.poll()
+    waiting: dict[int, tuple[int, _Call]] = {}
     by_fd: dict[int, _Call] = {}
     for call in calls.values():
         fd = _fileno(call.conn)
         if fd is None:
-            _fail(call, results, Failure("connection lost"))
+            call.settled = True
+            call.node.drop(call.conn, time.monotonic())
+            results[call.index] = Failure("connection lost")
             continue
         by_fd[fd] = call
+        waiting[call.index] = (fd, call)
         poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-    waiting = {c.index: (fd, c) for fd, c in by_fd.items()}
 
     def settle(call: _Call, result: Any, keep: bool) -> None:
         results[call.index] = result
+        call.settled = True
         fd, _ = waiting.pop(call.index)
         poller.unregister(fd)
         if keep:
-            call.node.checkin(call.conn)
+            call.node.checkin(call.conn, sent_at)
         else:
-            call.node.discard(call.conn)
+            call.node.drop(call.conn, time.monotonic())
 
     grace = False
     while waiting:
@@ -814,58 +890,47 @@ def _collect(
                 continue
             node = call.node
             try:
-                if not _skip_earlier(call):
-                    continue  # our reply has not arrived yet
-                reply = call.conn.read_response()
-            except NoScriptError:
-                assert call.script is not None
-                try:
-                    call.conn.send_packed_command(
-                        call.conn.pack_command("EVAL", call.script.source, *call.command[2:]), check_health=False
-                    )
-                except (RedisError, OSError, ValueError) as exc:
-                    settle(call, Failure(node.redact(describe(exc, node.node_timeout))), keep=False)
-                continue
-            except ResponseError as exc:
-                settle(call, Failure(node.redact(describe(exc, node.node_timeout)), answered=True), keep=True)
-                continue
+                reply = _read_mine(call)
             except (RedisError, OSError, ValueError) as exc:
                 settle(call, Failure(node.redact(describe(exc, node.node_timeout))), keep=False)
                 continue
+            if reply is _NOT_YET:
+                continue
+            if isinstance(reply, ResponseError):
+                settle(call, Failure(node.redact(describe(reply, node.node_timeout)), answered=True), keep=True)
+                continue
             if timings is not None:
                 timings[call.index] = time.monotonic() - sent_at
-            settle(call, (window > 0 and sitting_out_failure(node, window)) or reply, keep=True)
+            settle(call, (window > 0 and node.vote_failure(call.conn, window)) or reply, keep=True)
     late = time.monotonic() - sent_at >= min(call.node.node_timeout for call in calls.values())
     for _, call in waiting.values():
-        call.node.park(call.conn, 1 + call.skip + call.probe, list(call.keys), sent_at)
+        call.mine.waiter = None  # read and booked later, when the connection is next used
+        call.settled = True
+        call.node.checkin(call.conn, sent_at)
         if grace and not late:
             results[call.index] = Failure("not awaited: the outcome was already known", answered=True)
         else:
             results[call.index] = Failure(f"no reply within {_ms(call.node.node_timeout)}")
 
 
-def _skip_earlier(call: _Call) -> bool:
-    """Read replies that precede ours (earlier commands, a probe); True when ours is next."""
-    while call.skip or call.probe:
-        try:
-            reply = call.conn.read_response()
-        except ResponseError as exc:
-            reply = exc
-        if call.skip:
-            call.skip -= 1
-        else:
-            call.probe -= 1
-            call.probe_replies.append(reply)
-            if not call.probe:
-                call.node.learn(call.probe_replies, time.monotonic())
-        if not call.conn.can_read(0):
-            return False
-    return True
+_NOT_YET = object()
 
 
-def _fail(call: _Call, results: list[Any], failure: Failure) -> None:
-    call.node.discard(call.conn)
-    results[call.index] = failure
+_RESENT = object()
+
+
+def _read_mine(call: _Call) -> Any:
+    """Read replies up to this call's own; ``_NOT_YET`` when it has not fully arrived."""
+    conn = call.conn
+    while True:
+        entry, reply = read_booked(call.node, conn)
+        if reply is _RESENT:
+            if entry.waiter is not None:
+                call.mine = entry  # our script went again as EVAL: wait for that reply
+        elif entry is call.mine:
+            return reply
+        if not conn.can_read(0):
+            return _NOT_YET
 
 
 def _fileno(conn: Any) -> int | None:

@@ -1,0 +1,249 @@
+"""What the engine must remember about each node and connection, without doing I/O.
+
+No sockets, no clock reads, no threads here: callers pass the time in and
+hold the node's mutex. The sync and asyncio drivers both keep their books
+with these classes, so the rules are written once:
+
+- **Replies in order.** Every command written to a connection leaves an
+  :class:`Entry` on that connection's queue; each reply read is matched to the
+  oldest entry. A reply nobody waits for any more (the fan-out had already
+  decided) is still read and booked: a late probe is learned, a late release
+  settles its debt.
+- **Restart state per connection.** A connection votes only once the probe
+  sent on it (INFO uptime, persistence) has been read: a node whose restart
+  state is unknown does not vote (fail closed). See :func:`vote_refusal`.
+- **Release debts.** Before a value is released on the nodes, each node owes
+  a release of it; a reply that proves the key gone settles the debt. Debts not
+  settled (node down, reply lost, connection dropped) are paid again with the
+  next command written to that node, until the key's ttl has surely passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MINE",
+    "PROBE",
+    "Debt",
+    "Entry",
+    "Ledger",
+    "Restart",
+    "learn",
+    "parse_info",
+    "vote_refusal",
+]
+
+#: Sent ahead of the first vote on a new connection: is this node freshly restarted?
+PROBE: tuple[tuple[Any, ...], ...] = (
+    ("INFO", "server"),
+    ("CONFIG", "GET", "appendonly"),
+    ("CONFIG", "GET", "appendfsync"),
+)
+
+# Entry kinds: what a reply on a connection answers.
+OTHER = 0
+SET = 1  # SET key value NX PX: a vote
+RELEASE = 2  # the compare-and-delete script
+PROBE_REPLY = 3
+
+#: Marks the entry whose reply the current caller waits for.
+MINE = object()
+
+#: How many debts ride along with one command, at most.
+DEBTS_PER_WRITE = 32
+
+
+class Entry:
+    """One command written to a connection whose reply has not been read yet."""
+
+    __slots__ = ("kind", "key", "value", "ttl", "waiter", "retry")
+
+    def __init__(
+        self,
+        kind: int,
+        key: str | None = None,
+        value: str | None = None,
+        ttl: float = 0.0,
+        waiter: Any = None,
+        retry: bytes | None = None,
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.value = value
+        #: For a SET: how long its key lives once it lands (seconds).
+        self.ttl = ttl
+        #: What to send instead if the reply is NOSCRIPT (the script's source), sent once.
+        self.retry = retry
+        #: Who waits for the reply (the driver's business), or None once nobody does.
+        self.waiter = waiter
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.kind} {self.key!r}>"
+
+
+def entry_for(command: Sequence[Any], is_release: bool, waiter: Any, retry: bytes | None = None) -> Entry:
+    """The entry for a fan-out's own command: votes and releases are booked, the rest not."""
+    if command[0] == "SET":
+        return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
+    if is_release:  # ("EVALSHA" | "EVAL", script, 1, key, value)
+        return Entry(RELEASE, command[3], command[4], waiter=waiter, retry=retry)
+    return Entry(OTHER, waiter=waiter, retry=retry)
+
+
+def after_noscript(entry: Entry) -> Entry | None:
+    """The entry for the EVAL sent after a NOSCRIPT reply, or None when there is nothing to resend."""
+    if entry.retry is None:
+        return None
+    return Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)
+
+
+# -- restart state ------------------------------------------------------------------
+
+
+def parse_info(reply: Any) -> dict[str, str]:
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            name, _, value = line.partition(":")
+            info[name.strip()] = value.strip()
+    return info
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What a probe learned about the server behind one connection."""
+
+    uptime: float | None  # seconds, None when INFO was denied or unreadable
+    seen: float  # monotonic time the reply was read (uptime is at least that old)
+    durable: bool  # appendonly yes + appendfsync always: keys survive a restart
+    run_id: str
+
+    def age(self, now: float) -> float | None:
+        return None if self.uptime is None else self.uptime + (now - self.seen)
+
+
+def _config_value(reply: Any) -> str:
+    # CONFIG may be renamed or denied: unknown counts as "not durable".
+    if isinstance(reply, list) and len(reply) == 2:
+        value = reply[1]
+        return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
+def learn(replies: Sequence[Any], received: float) -> Restart:
+    """Turn the probe's three replies (errors included) into a :class:`Restart`."""
+    info = parse_info(replies[0]) if not isinstance(replies[0], Exception) else {}
+    durable = _config_value(replies[1]) == "yes" and _config_value(replies[2]) == "always"
+    try:
+        uptime: float | None = float(info["uptime_in_seconds"])
+    except (KeyError, ValueError):
+        uptime = None
+    return Restart(uptime, received, durable, info.get("run_id", ""))
+
+
+UNKNOWN = "restart state unknown: its uptime has not been read yet on this connection, so it does not vote"
+DENIED = (
+    "restart state unknown: INFO is denied to the lock user, so it does not vote "
+    "(grant +info and +config|get, or declare the node FSYNC_ALWAYS if it fsyncs every write)"
+)
+
+
+def vote_refusal(restart: Restart | None, window: float, now: float, fsync_always: bool) -> str | None:
+    """Why a connection's vote does not count under the delayed-restart rule, or None.
+
+    A node restarted without fsync-every-write persistence may have lost keys
+    of locks that are still valid; it does not vote until it has been up for
+    ``window`` seconds. A node whose uptime is not known does not vote either.
+    """
+    if window <= 0 or fsync_always:
+        return None
+    if restart is None:
+        return UNKNOWN
+    if restart.durable:
+        return None
+    age = restart.age(now)
+    if age is None:
+        return DENIED
+    left = window - age
+    if left <= 0:
+        return None
+    return (
+        f"restarted {age:.1f} s ago without fsync-always persistence; "
+        f"sits out for {left:.1f} s more (delayed restart)"
+    )
+
+
+# -- release debts -------------------------------------------------------------------
+
+
+class Debt:
+    __slots__ = ("key", "value", "until", "sure", "paid_at")
+
+    def __init__(self, key: str, value: str, until: float, sure: bool, paid_at: float) -> None:
+        self.key = key
+        self.value = value
+        #: After this (monotonic) time the key has surely expired: forget the debt.
+        self.until = until
+        #: False when a SET of this value may still land (its connection was dropped
+        #: unanswered): then only a reply of 1 (deleted) proves the key gone.
+        self.sure = sure
+        #: When a release for it was last written (not again while that one is in flight).
+        self.paid_at = paid_at
+
+
+class Ledger:
+    """One node's books: release debts and SETs whose fate is unknown. Guard with the node's mutex."""
+
+    def __init__(self) -> None:
+        self.debts: dict[tuple[str, str], Debt] = {}
+        # (key, value) -> until: SETs written on a connection dropped before they were answered
+        self.lost_sets: dict[tuple[str, str], float] = {}
+
+    def owe(self, key: str, value: str, until: float, now: float) -> None:
+        """Record that a release of ``value`` is owed (a release is being written now)."""
+        sure = self.lost_sets.get((key, value), 0.0) <= now
+        debt = self.debts.get((key, value))
+        if debt is None:
+            self.debts[(key, value)] = Debt(key, value, until, sure, now)
+        else:
+            debt.until = max(debt.until, until)
+            debt.sure = debt.sure and sure
+            debt.paid_at = now
+
+    def settle(self, key: str | None, value: str | None, reply: Any) -> None:
+        """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
+        debt = self.debts.get((key, value))  # type: ignore[arg-type]
+        if debt is None:
+            return
+        if reply == 1 or (reply == 0 and debt.sure):
+            del self.debts[(key, value)]  # type: ignore[arg-type]
+
+    def dropped(self, entries: Sequence[Entry], until: float) -> None:
+        """A connection was dropped with these entries unanswered: their bytes may still arrive."""
+        for entry in entries:
+            if entry.kind == SET:
+                pair = (entry.key, entry.value)
+                self.lost_sets[pair] = max(self.lost_sets.get(pair, 0.0), until)  # type: ignore[index]
+                debt = self.debts.get(pair)  # type: ignore[arg-type]
+                if debt is not None:
+                    debt.sure = False
+                    debt.until = max(debt.until, until)
+
+    def due(self, now: float, retry_after: float) -> list[Debt]:
+        """Debts to pay with the next write to this node (marked as paid now)."""
+        if self.lost_sets:
+            for pair, until in list(self.lost_sets.items()):
+                if until <= now:
+                    del self.lost_sets[pair]
+        out: list[Debt] = []
+        for pair, debt in list(self.debts.items()):
+            if debt.until <= now:
+                del self.debts[pair]
+            elif now - debt.paid_at >= retry_after and len(out) < DEBTS_PER_WRITE:
+                debt.paid_at = now
+                out.append(debt)
+        return out
