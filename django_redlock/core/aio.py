@@ -592,26 +592,31 @@ class AsyncLockManager(ManagerBase):
 
     # -- internals used by AsyncLock -------------------------------------
 
-    def _start_release(self, key: str, value: str, ttl: float | None = None) -> asyncio.Task[list[Any]]:
-        """Release ``value`` on every node in a task that outlives a cancelled caller."""
+    def _release_on_every_node(self, key: str, value: str, ttl: float | None) -> Any:
+        """Owe the release on every node, then return the fan-out that pays it (a coroutine)."""
         for node in self.node_list:
-            node.owe(key, value, ttl or self.config.max_ttl)  # paid on next use if this task cannot finish
+            node.owe(key, value, ttl or self.config.max_ttl)  # paid on next use if no release gets through
         command = script_command(RELEASE, [key], [value])
-        task = asyncio.ensure_future(
-            self._fanout(
-                [command] * len(self.node_list),
-                script=RELEASE,
-                ordered_after_key=key,
-                allow_lagging=False,
-            )
+        return self._fanout(
+            [command] * len(self.node_list),
+            script=RELEASE,
+            ordered_after_key=key,
+            allow_lagging=False,
         )
+
+    def _start_release(self, key: str, value: str, ttl: float | None = None) -> None:
+        """Release ``value`` on every node in a task that outlives a cancelled caller."""
+        task = asyncio.ensure_future(self._release_on_every_node(key, value, ttl))
         _BACKGROUND.add(task)
         task.add_done_callback(_BACKGROUND.discard)
-        return task
 
     async def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
-        """Release ``value`` on every node; cancelling the caller does not stop the release."""
-        return await asyncio.shield(self._start_release(key, value, ttl))
+        """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
+        try:
+            return await self._release_on_every_node(key, value, ttl)
+        except asyncio.CancelledError:
+            self._start_release(key, value, ttl)
+            raise
 
     async def _retry_after(self, key: str) -> float | None:
         results = await self._fanout([("PTTL", key)] * len(self.node_list), allow_lagging=False)
