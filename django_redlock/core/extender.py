@@ -59,6 +59,64 @@ class Watch:
     failure: str | None = None
 
 
+def next_due(watch: Watch, lock: Any, now: float) -> float:
+    """The next wake-up: a check tick, the extension or its retry, and never past the validity."""
+    due = min(lock._deadline, now + max(MIN_TICK, lock.ttl * CHECK_EVERY))
+    if watch.stopped is None:
+        if watch.failure is not None:
+            due = min(due, now + max(0.01, lock.validity * RETRY_FRACTION))
+        else:
+            due = min(due, lock._deadline - lock.ttl * EXTEND_AT)
+    return due
+
+
+def next_action(watch: Watch, lock: Any) -> str:
+    """What a wake-up does: ``"stop"``, ``"extend"`` or ``"check"`` (the sync and async keep-alives share it).
+
+    A lock whose validity is over is marked lost here; a loss found elsewhere
+    was already reported through the lock's listener.
+    """
+    if lock is None:
+        logger.warning(
+            "Lock %r was dropped without being released: it is no longer extended and expires within its ttl.",
+            watch.resource,
+        )
+        return "stop"
+    if not watch.active or lock.released or lock.lost:
+        return "stop"
+    now = time.monotonic()
+    if now >= lock._deadline:
+        if watch.stopped is not None:
+            reason = watch.stopped
+        elif watch.failure is not None:
+            reason = f"it expired while extensions failed (last: {watch.failure})"
+        else:
+            reason = "it expired before it could be extended"
+        if lock._mark_lost(reason, while_held=True):
+            logger.error("Lock %r was lost: %s", lock.resource, reason)
+        return "stop"
+    if watch.stopped is None and watch.stop_extending_at is not None and now >= watch.stop_extending_at:
+        watch.stopped = "it was no longer extended (max_hold reached) and expired"
+    if watch.stopped is None and (watch.failure is not None or lock.validity <= lock.ttl * EXTEND_AT):
+        return "extend"
+    return "check"
+
+
+def note_extend_error(watch: Watch, lock: Any, exc: Exception) -> None:
+    """Record why an automatic extension failed: retry, stop extending, or nothing (already lost)."""
+    if isinstance(exc, LockLost):
+        if not lock.lost:
+            watch.failure = str(exc)
+            logger.warning("Extending lock %r failed, retrying: %s", lock.resource, exc)
+    elif isinstance(exc, LockError):  # the extension limit (or released meanwhile): let it expire, then report
+        if not lock.released:
+            logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
+            watch.stopped = f"it was no longer extended ({exc}) and expired"
+    else:
+        logger.error("Unexpected error extending lock %r", lock.resource, exc_info=exc)
+        watch.failure = repr(exc)
+
+
 _extenders: weakref.WeakSet[Extender] = weakref.WeakSet()
 
 
@@ -105,7 +163,7 @@ class Extender:
                 previous.active = previous.listening = False
             self._watches[lock] = watch
             lock._lost_listener = listener
-            self._push(watch, self._next_due(watch, lock, time.monotonic()))
+            self._push(watch, next_due(watch, lock, time.monotonic()))
 
     def remove(self, lock: Any) -> None:
         with self._cond:
@@ -122,17 +180,6 @@ class Extender:
             self._cond.notify()
 
     # -- the thread --------------------------------------------------------
-
-    @staticmethod
-    def _next_due(watch: Watch, lock: Any, now: float) -> float:
-        """The next wake-up: a check tick, the extension or its retry, and never past the validity."""
-        due = min(lock._deadline, now + max(MIN_TICK, lock.ttl * CHECK_EVERY))
-        if watch.stopped is None:
-            if watch.failure is not None:
-                due = min(due, now + max(0.01, lock.validity * RETRY_FRACTION))
-            else:
-                due = min(due, lock._deadline - lock.ttl * EXTEND_AT)
-        return due
 
     def _push(self, watch: Watch, due: float) -> None:
         heapq.heappush(self._heap, (due, next(self._counter), watch))
@@ -171,57 +218,21 @@ class Extender:
 
     def _step(self, watch: Watch) -> None:
         lock = watch.ref()
-        if lock is None:
-            self._drop(watch, None)
-            logger.warning(
-                "Lock %r was dropped without being released: it is no longer extended and expires within its ttl.",
-                watch.resource,
-            )
-            return
-        if not watch.active or lock.released or lock.lost:  # a loss was reported through the listener
-            self._drop(watch, lock)
-            return
-        now = time.monotonic()
-        if now >= lock._deadline:
-            if watch.stopped is not None:
-                reason = watch.stopped
-            elif watch.failure is not None:
-                reason = f"it expired while extensions failed (last: {watch.failure})"
-            else:
-                reason = "it expired before it could be extended"
-            if lock._mark_lost(reason, while_held=True):
-                logger.error("Lock %r was lost: %s", lock.resource, reason)
-            self._drop(watch, lock)
-            return
-        if watch.stopped is None and watch.stop_extending_at is not None and now >= watch.stop_extending_at:
-            watch.stopped = "it was no longer extended (max_hold reached) and expired"
-        if watch.stopped is None and (watch.failure is not None or lock.validity <= lock.ttl * EXTEND_AT):
-            self._extend(watch, lock)
-        elif lock._can_ask():
+        action = next_action(watch, lock)
+        if action == "extend":
+            try:
+                lock._extend(None, counted=watch.stop_extending_at is None)
+                watch.failure = None
+            except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
+                note_extend_error(watch, lock, exc)
+        elif action == "check" and lock._can_ask():
             lock._judge_owned(lock._read_values())  # marks it lost when enough nodes say "not ours"
-        if lock.lost or lock.released:
+        if action == "stop" or lock.lost or lock.released:
             self._drop(watch, lock)
             return
         with self._cond:
             if watch.active:
-                self._push(watch, self._next_due(watch, lock, time.monotonic()))
-
-    @staticmethod
-    def _extend(watch: Watch, lock: Any) -> None:
-        try:
-            lock._extend(None, counted=watch.stop_extending_at is None)
-            watch.failure = None
-        except LockLost as exc:
-            if not lock.lost:
-                watch.failure = str(exc)
-                logger.warning("Extending lock %r failed, retrying: %s", lock.resource, exc)
-        except LockError as exc:  # the extension limit (or released meanwhile): let it expire, then report
-            if not lock.released:
-                logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
-                watch.stopped = f"it was no longer extended ({exc}) and expired"
-        except Exception as exc:  # noqa: BLE001
-            logger.exception("Unexpected error extending lock %r", lock.resource)
-            watch.failure = repr(exc)
+                self._push(watch, next_due(watch, lock, time.monotonic()))
 
     def _drop(self, watch: Watch, lock: Any) -> None:
         with self._cond:
