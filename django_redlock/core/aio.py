@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -373,6 +374,7 @@ class AsyncLock(LockBase):
         command = script_command(EXTEND, [self.key], [self.value, base.ms(new_ttl)])
         results = await manager._fanout(
             [command] * len(manager.node_list),
+            timeout=self._extend_timeout(),
             done=base.until_outcome(manager.quorum, len(manager.node_list), lambda r: r == 1),
             script=EXTEND,
             keys=[self.key],
@@ -381,12 +383,30 @@ class AsyncLock(LockBase):
         self._judge_extend(results, started, old_deadline, new_ttl)
 
     async def release(self) -> bool:
-        """Delete this holder's key on every node; idempotent; never raises for node failures."""
+        """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""
         if not self._start_release():
             return False
         self.manager._forget(self)
         results = await self.manager._release_keys(self.key, self.value)
         return self._judge_release(results)
+
+    async def owned(self) -> bool:
+        """Ask the nodes whether this holder still holds the lock; see :meth:`Lock.owned`."""
+        if not self._can_ask():
+            return False
+        results = await self._read_values()
+        held = self._judge_owned(results)
+        if held is None:
+            raise self._owned_error(results)
+        return held
+
+    async def _read_values(self) -> list[Any]:
+        """GET the key on every node, in one fan-out."""
+        total = len(self.manager.node_list)
+        return await self.manager._fanout(
+            [("GET", self.key)] * total,
+            done=base.until_outcome(self.manager.quorum, total, self._is_ours),
+        )
 
     async def get_fencing_token(self) -> int:
         """The fencing token (computed on first call, then cached); see :attr:`Lock.fencing_token`."""
@@ -408,7 +428,7 @@ class AsyncLock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.release()
-        if self.lost and exc_type is None:
+        if self.lost and exc_type is None and not self._forked():
             raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
 
 
@@ -438,43 +458,70 @@ class AsyncLockContext(ContextBase):
             await self.lock.__aexit__(exc_type, exc, tb)
 
 
-async def _keep_alive(lock: AsyncLock, max_hold: float | None, on_lost: Callable[[AsyncLock], Any] | None) -> None:
-    from django_redlock.core.extender import EXTEND_AT, RETRY_FRACTION, logger
-    from django_redlock.exceptions import LockError, LockLost
+def _keep_alive(
+    lock: AsyncLock, max_hold: float | None, on_lost: Callable[[AsyncLock], Any] | None
+) -> Coroutine[Any, Any, None]:
+    """The keep-alive task's coroutine: same schedule as the sync extender, holding the lock weakly.
+
+    ``on_lost`` (a function or a coroutine function) runs once, in a task of
+    its own, when the lock is marked lost while held: also when the loss is
+    found by ``extend()`` or ``owned()``, and also if this task was cancelled.
+    """
+    from django_redlock.core.extender import Watch
 
     stop_at = time.monotonic() + max_hold if max_hold is not None else None
-    reason = "it was no longer extended (max_hold or the extension limit) and expired"
-    while not (lock.released or lock.lost):
-        await asyncio.sleep(max(0.0, lock.validity - lock.ttl * EXTEND_AT))
-        if lock.released or lock.lost:
-            return
-        if stop_at is not None and time.monotonic() >= stop_at:
-            break
-        try:
-            await lock._extend(None, counted=stop_at is None)
-        except LockLost as exc:
-            if lock.lost or lock.validity <= 0:
-                reason = str(exc)
-                break
-            logger.warning("Extending lock %r failed, retrying: %s", lock.resource, exc)
-            await asyncio.sleep(max(0.001, lock.validity * RETRY_FRACTION))
-        except LockError as exc:
-            logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
-            break
-    else:
-        return
-    await asyncio.sleep(lock.validity)
-    if lock.released:
-        return
-    if lock._mark_lost(reason):
-        logger.error("Lock %r was lost: %s", lock.resource, reason)
+    watch = Watch(lock.manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
     if on_lost is not None:
+        loop = asyncio.get_running_loop()
+
+        def listener(lost: Any) -> None:
+            if watch.listening:
+                watch.listening = False
+                loop.call_soon_threadsafe(_report_lost, lost, on_lost)
+
+        lock._lost_listener = listener
+    return _keep_alive_loop(watch)
+
+
+async def _keep_alive_loop(watch: Any) -> None:
+    from django_redlock.core.extender import next_action, next_due, note_extend_error
+
+    while True:
+        lock = watch.ref()
+        action = next_action(watch, lock)
+        if action == "extend":
+            try:
+                await lock._extend(None, counted=watch.stop_extending_at is None)
+                watch.failure = None
+            except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
+                note_extend_error(watch, lock, exc)
+        elif action == "check" and lock._can_ask():
+            lock._judge_owned(await lock._read_values())
+        if action == "stop" or lock.lost or lock.released:
+            return
+        now = time.monotonic()
+        delay = next_due(watch, lock, now) - now
+        del lock  # hold it weakly while asleep: a dropped lock stops here and expires
+        await asyncio.sleep(max(0.0, delay))
+
+
+_reports: set[asyncio.Task[None]] = set()
+
+
+def _report_lost(lock: AsyncLock, on_lost: Callable[[AsyncLock], Any]) -> None:
+    async def report() -> None:
+        from django_redlock.core.extender import logger
+
         try:
             result = on_lost(lock)
             if asyncio.iscoroutine(result):
                 await result
         except Exception:  # noqa: BLE001
             logger.exception("on_lost callback for lock %r failed", lock.resource)
+
+    task = asyncio.ensure_future(report())
+    _reports.add(task)  # keep it alive until it ran
+    task.add_done_callback(_reports.discard)
 
 
 class AsyncLockManager(ManagerBase):

@@ -1,10 +1,17 @@
 """One background thread that keeps auto-extended locks alive.
 
-Each watched lock is extended when about a third of its ttl is left. A failed
-extension that leaves validity is retried soon; one that fails on a quorum, or
-a lock whose validity runs out, is marked lost and its ``on_lost`` callback runs.
-After ``max_hold`` seconds the lock is no longer extended, and when its
-validity ends it is reported lost too: never silently.
+Each watched lock is extended when about a third of its ttl is left, and in
+between the thread reads its key on every node (one GET fan-out every third of
+the ttl), so a force-release is noticed within a third of the ttl. A failed
+extension that leaves validity is retried soon, and the thread always wakes
+when the validity ends: a lock that could not be extended is reported lost
+then, not later. After ``max_hold`` seconds the lock is no longer extended,
+and when its validity ends it is reported lost too: never silently.
+
+``on_lost`` runs on this thread, exactly once, for a loss found while the lock
+is watched (by this thread, ``extend()``, ``owned()`` or the fencing token);
+never for a clean release. Locks are held weakly: one dropped without release
+stops being extended and expires. A forked child starts with an empty extender.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import logging
 import os
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django_redlock.exceptions import LockError, LockLost
@@ -25,149 +34,214 @@ logger = logging.getLogger("django_redlock")
 
 #: Extend when this fraction of the ttl is left.
 EXTEND_AT = 1 / 3
+#: Between extensions, check that the nodes still hold the lock this often (fraction of the ttl).
+CHECK_EVERY = 1 / 3
 #: Retry a failed (but not yet fatal) extension after this fraction of the validity left.
 RETRY_FRACTION = 0.2
+#: Shortest pause between two wake-ups of one lock, however small its ttl.
+MIN_TICK = 0.005
 
 
-@dataclass
+@dataclass(eq=False)
 class Watch:
     manager: Any
-    lock: Any
+    ref: weakref.ref[Any]
+    resource: str
     stop_extending_at: float | None
     on_lost: Callable[[Any], Any] | None
+    #: Still scheduled on the thread.
     active: bool = True
-    seq: int = field(default=0)
+    #: A loss marked from now on is reported to ``on_lost``.
+    listening: bool = True
+    #: Why it is no longer extended (max_hold, the extension limit), once it is not.
+    stopped: str | None = None
+    #: The last failed extension, while retries are pending.
+    failure: str | None = None
+
+
+def next_due(watch: Watch, lock: Any, now: float) -> float:
+    """The next wake-up: a check tick, the extension or its retry, and never past the validity."""
+    due = min(lock._deadline, now + max(MIN_TICK, lock.ttl * CHECK_EVERY))
+    if watch.stopped is None:
+        if watch.failure is not None:
+            due = min(due, now + max(0.01, lock.validity * RETRY_FRACTION))
+        else:
+            due = min(due, lock._deadline - lock.ttl * EXTEND_AT)
+    return due
+
+
+def next_action(watch: Watch, lock: Any) -> str:
+    """What a wake-up does: ``"stop"``, ``"extend"`` or ``"check"`` (the sync and async keep-alives share it).
+
+    A lock whose validity is over is marked lost here; a loss found elsewhere
+    was already reported through the lock's listener.
+    """
+    if lock is None:
+        logger.warning(
+            "Lock %r was dropped without being released: it is no longer extended and expires within its ttl.",
+            watch.resource,
+        )
+        return "stop"
+    if not watch.active or lock.released or lock.lost:
+        return "stop"
+    now = time.monotonic()
+    if now >= lock._deadline:
+        if watch.stopped is not None:
+            reason = watch.stopped
+        elif watch.failure is not None:
+            reason = f"it expired while extensions failed (last: {watch.failure})"
+        else:
+            reason = "it expired before it could be extended"
+        if lock._mark_lost(reason, while_held=True):
+            logger.error("Lock %r was lost: %s", lock.resource, reason)
+        return "stop"
+    if watch.stopped is None and watch.stop_extending_at is not None and now >= watch.stop_extending_at:
+        watch.stopped = "it was no longer extended (max_hold reached) and expired"
+    if watch.stopped is None and (watch.failure is not None or lock.validity <= lock.ttl * EXTEND_AT):
+        return "extend"
+    return "check"
+
+
+def note_extend_error(watch: Watch, lock: Any, exc: Exception) -> None:
+    """Record why an automatic extension failed: retry, stop extending, or nothing (already lost)."""
+    if isinstance(exc, LockLost):
+        if not lock.lost:
+            watch.failure = str(exc)
+            logger.warning("Extending lock %r failed, retrying: %s", lock.resource, exc)
+    elif isinstance(exc, LockError):  # the extension limit (or released meanwhile): let it expire, then report
+        if not lock.released:
+            logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
+            watch.stopped = f"it was no longer extended ({exc}) and expired"
+    else:
+        logger.error("Unexpected error extending lock %r", lock.resource, exc_info=exc)
+        watch.failure = repr(exc)
+
+
+_extenders: weakref.WeakSet[Extender] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for extender in list(_extenders):
+        extender._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class Extender:
-    """Schedule extensions for locks from a single daemon thread (restarted after fork)."""
+    """Schedule extensions and ownership checks for locks from a single daemon thread."""
 
     def __init__(self) -> None:
+        self._reset()
+        _extenders.add(self)
+
+    def _reset(self) -> None:
+        # Also run in a forked child: the parent's thread, its condition and its locks stay behind.
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Watch]] = []
-        self._watches: dict[int, Watch] = {}
+        self._watches: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
+        self._reports: deque[tuple[Watch, Any]] = deque()
         self._counter = itertools.count()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
 
     def add(self, manager: Any, lock: Any, max_hold: float | None, on_lost: Callable[[Any], Any] | None) -> None:
         stop_at = time.monotonic() + max_hold if max_hold is not None else None
-        watch = Watch(manager, lock, stop_at, on_lost, seq=next(self._counter))
+        watch = Watch(manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
+
+        def listener(lost: Any) -> None:
+            with self._cond:
+                if watch.listening:
+                    watch.listening = False
+                    self._reports.append((watch, lost))
+                    self._cond.notify()
+
         with self._cond:
             self._ensure_thread()
-            self._watches[id(lock)] = watch
-            self._push(watch, self._due(lock))
+            previous = self._watches.get(lock)
+            if previous is not None:
+                previous.active = previous.listening = False
+            self._watches[lock] = watch
+            lock._lost_listener = listener
+            self._push(watch, next_due(watch, lock, time.monotonic()))
 
     def remove(self, lock: Any) -> None:
         with self._cond:
-            watch = self._watches.pop(id(lock), None)
+            watch = self._watches.pop(lock, None)
             if watch is not None:
-                watch.active = False
+                watch.active = watch.listening = False
 
     def clear(self, manager: Any) -> None:
         with self._cond:
-            for key, watch in list(self._watches.items()):
+            for lock, watch in list(self._watches.items()):
                 if watch.manager is manager:
-                    watch.active = False
-                    del self._watches[key]
+                    watch.active = watch.listening = False
+                    del self._watches[lock]
             self._cond.notify()
 
     # -- the thread --------------------------------------------------------
-
-    @staticmethod
-    def _due(lock: Any) -> float:
-        return time.monotonic() + max(0.0, lock.validity - lock.ttl * EXTEND_AT)
 
     def _push(self, watch: Watch, due: float) -> None:
         heapq.heappush(self._heap, (due, next(self._counter), watch))
         self._cond.notify()
 
     def _ensure_thread(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's thread does not exist here
-            self._pid = os.getpid()
-            self._thread = None
-            self._heap.clear()
-            self._watches.clear()
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="redlock-extender", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while True:
+            report = None
             with self._cond:
                 while True:
+                    if self._reports:
+                        report = self._reports.popleft()
+                        break
                     while self._heap and not self._heap[0][2].active:
                         heapq.heappop(self._heap)
                     if not self._heap:
                         self._cond.wait(timeout=30.0)
                         continue
-                    due = self._heap[0][0]
-                    wait = due - time.monotonic()
+                    wait = self._heap[0][0] - time.monotonic()
                     if wait <= 0:
                         _, _, watch = heapq.heappop(self._heap)
                         break
                     self._cond.wait(timeout=wait)
-            self._step(watch)
+            try:
+                if report is not None:
+                    self._report(*report)
+                else:
+                    self._step(watch)
+            except Exception:  # noqa: BLE001 - the thread must survive anything
+                logger.exception("Unexpected error in the lock extender")
 
     def _step(self, watch: Watch) -> None:
-        lock = watch.lock
-        if not watch.active or lock.released or lock.lost:
-            self._drop(watch)
-            return
-        now = time.monotonic()
-        if lock.validity <= 0:
-            self._lose(watch, "it expired before it could be extended")
-            return
-        if watch.stop_extending_at == float("-inf"):
-            self._lose(watch, "it was no longer extended (max_hold or the extension limit) and expired")
-            return
-        if watch.stop_extending_at is not None and now >= watch.stop_extending_at:
-            # Hold time used up: no more extensions; report the loss when it expires.
-            watch.stop_extending_at = float("-inf")
-            with self._cond:
-                if watch.active:
-                    self._push(watch, now + lock.validity)
-            return
-        try:
-            lock._extend(None, counted=watch.stop_extending_at is None)
-        except LockLost as exc:
-            if lock.lost or lock.validity <= 0:
-                self._lose(watch, str(exc))
-                return
-            retry = max(0.01, lock.validity * RETRY_FRACTION)
-            logger.warning("Extending lock %r failed, retrying in %.0f ms: %s", lock.resource, retry * 1000, exc)
-            with self._cond:
-                if watch.active:
-                    self._push(watch, time.monotonic() + retry)
-            return
-        except LockError as exc:  # e.g. the extension limit: let it expire, then report
-            logger.warning("Lock %r is no longer extended: %s", lock.resource, exc)
-            watch.stop_extending_at = float("-inf")
-            with self._cond:
-                if watch.active:
-                    self._push(watch, time.monotonic() + lock.validity)
-            return
-        except Exception:  # noqa: BLE001 - the thread must survive anything
-            logger.exception("Unexpected error extending lock %r", lock.resource)
-            with self._cond:
-                if watch.active:
-                    self._push(watch, time.monotonic() + max(0.001, lock.validity * RETRY_FRACTION))
+        lock = watch.ref()
+        action = next_action(watch, lock)
+        if action == "extend":
+            try:
+                lock._extend(None, counted=watch.stop_extending_at is None)
+                watch.failure = None
+            except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
+                note_extend_error(watch, lock, exc)
+        elif action == "check" and lock._can_ask():
+            lock._judge_owned(lock._read_values())  # marks it lost when enough nodes say "not ours"
+        if action == "stop" or lock.lost or lock.released:
+            self._drop(watch, lock)
             return
         with self._cond:
             if watch.active:
-                self._push(watch, self._due(lock))
+                self._push(watch, next_due(watch, lock, time.monotonic()))
 
-    def _drop(self, watch: Watch) -> None:
+    def _drop(self, watch: Watch, lock: Any) -> None:
         with self._cond:
             watch.active = False
-            if self._watches.get(id(watch.lock)) is watch:
-                del self._watches[id(watch.lock)]
+            if lock is not None and self._watches.get(lock) is watch:
+                del self._watches[lock]
 
-    def _lose(self, watch: Watch, reason: str) -> None:
-        lock = watch.lock
-        self._drop(watch)
-        if lock._mark_lost(reason):
-            logger.error("Lock %r was lost: %s", lock.resource, reason)
+    def _report(self, watch: Watch, lock: Any) -> None:
+        self._drop(watch, lock)
         if watch.on_lost is not None:
             try:
                 watch.on_lost(lock)

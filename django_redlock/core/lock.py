@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from django_redlock.core import base
 from django_redlock.core.nodes import Failure, fanout, script_command
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import EXTEND
-from django_redlock.exceptions import LockError, LockLost
+from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 
 if TYPE_CHECKING:
     from django_redlock.core.manager import LockManager
@@ -53,6 +54,9 @@ class LockBase:
         self.max_extensions: int | None = manager.config.max_extensions
         self._fencing_token: int | None = None
         self._state = threading.Lock()
+        self._pid = os.getpid()
+        # Set by the watchdog: called once with the lock when it is marked lost while held.
+        self._lost_listener: Callable[[Any], None] | None = None
 
     @property
     def token(self) -> str:
@@ -65,20 +69,96 @@ class LockBase:
         return max(0.0, self._deadline - time.monotonic())
 
     def locked(self) -> bool:
-        """True while the lock is valid: not released, not lost, validity left."""
-        return not (self.released or self.lost) and self.validity > 0
+        """True while the lock is valid: not released, not lost, validity left.
 
-    def _mark_lost(self, reason: str) -> bool:
-        """Record the loss once; return True the first time."""
+        Always False in a forked child: the parent holds the lock, not the child.
+        """
+        return not (self.released or self.lost or self._forked()) and self.validity > 0
+
+    def _forked(self) -> bool:
+        """True in a child forked after this lock was acquired."""
+        return os.getpid() != self._pid
+
+    def _mark_lost(self, reason: str, *, while_held: bool = False) -> bool:
+        """Record the loss once; return True the first time.
+
+        ``while_held``: the evidence predates a release only if the lock was not
+        released yet, so a released lock is left alone.
+        """
+        if self._forked():
+            return False
         with self._state:
-            if self.lost:
+            if self.lost or (while_held and self.released):
                 return False
             self.lost = True
             self.lost_reason = reason
+            listener = self._lost_listener
         base.call_hook(self.manager.config.hooks, "lost", self, reason)
+        if listener is not None:
+            listener(self)
         return True
 
+    def _is_ours(self, reply: Any) -> bool:
+        return reply == self.value.encode() or reply == self.value
+
+    def _gone_from_quorum(self, gone: int) -> bool:
+        """True when ``gone`` nodes answering "not ours" leave too few to make a quorum."""
+        return gone > len(self.manager.node_list) - self.manager.quorum
+
+    def _extend_timeout(self) -> float:
+        # Waiting past the validity is useless: a late extension does not count.
+        return max(0.001, min(self.manager.config.node_timeout, self.validity))
+
+    def _can_ask(self) -> bool:
+        """False when :meth:`owned` can answer without the nodes (released, lost, expired, forked)."""
+        if self.released or self.lost or self._forked():
+            return False
+        if self.validity <= 0:
+            self._mark_lost("it expired while held", while_held=True)
+            return False
+        return True
+
+    def _judge_owned(self, results: list[Any]) -> bool | None:
+        """Judge GET replies: True (a quorum stores our value), False (lost), None (too few answers)."""
+        ours = base.count(results, self._is_ours)
+        gone = sum(1 for r in results if not isinstance(r, Failure) and not self._is_ours(r))
+        total = len(self.manager.node_list)
+        if ours >= self.manager.quorum:
+            if self.validity > 0:
+                return True
+            self._mark_lost("it expired while held", while_held=True)
+            return False
+        if self._gone_from_quorum(gone):
+            reason = (
+                f"{gone} of {total} nodes no longer store this holder's value "
+                "(force-released, expired early or taken over)"
+            )
+            self._mark_lost(reason, while_held=True)
+            return False
+        return None
+
+    def _owned_error(self, results: list[Any]) -> QuorumUnavailable:
+        manager = self.manager
+        total = len(manager.node_list)
+        failures = base.failures_of(manager.node_list, results, "does not store this holder's value", self._is_ours)
+        detail = "; ".join(f"{k}: {v}" for k, v in failures.items())
+        ours = base.count(results, self._is_ours)
+        return QuorumUnavailable(
+            f"Cannot tell whether lock {self.resource!r} is still held: {ours} of {total} nodes store it, "
+            f"{manager.quorum} needed, and too few answered to rule it out ({detail}).",
+            resource=self.resource,
+            granted=ours,
+            quorum=manager.quorum,
+            total=total,
+            failures=failures,
+        )
+
     def _check_extendable(self, ttl: Any, counted: bool) -> float:
+        if self._forked():
+            raise LockError(
+                f"Lock {self.resource!r} belongs to process {self._pid}; a forked child does not hold it.",
+                resource=self.resource,
+            )
         if self.released:
             raise LockError(f"Lock {self.resource!r} was released; acquire it again.", resource=self.resource)
         if self.lost:
@@ -90,7 +170,7 @@ class LockBase:
         self.manager.config.window(new_ttl)  # a longer ttl lengthens the restart window
         if self.validity <= 0:
             reason = "it expired before it could be extended"
-            self._mark_lost(reason)
+            self._mark_lost(reason, while_held=True)
             raise base.lost_error(self.resource, reason)
         return new_ttl
 
@@ -99,6 +179,8 @@ class LockBase:
         manager = self.manager
         quorum = manager.quorum
         total = len(manager.node_list)
+        if self.released:  # released while the EXTEND was on the wire: its replies mean nothing
+            raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
         extended = base.count(results, lambda r: r == 1)
         finished = time.monotonic()
         if extended >= quorum and finished < old_deadline:
@@ -109,10 +191,11 @@ class LockBase:
             return
         refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
         detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", lambda r: r == 1).items())
-        if refused > total - quorum or self.validity <= 0:
+        if self._gone_from_quorum(refused) or self.validity <= 0:
             reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
-            self._mark_lost(reason)
-            raise base.lost_error(self.resource, reason)
+            if not self._mark_lost(reason, while_held=True) and self.released:
+                raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
+            raise base.lost_error(self.resource, self.lost_reason or reason)
         raise LockLost(
             f"Could not extend lock {self.resource!r}: {extended} of {total} nodes agreed, {quorum} needed "
             f"({detail}); it stays valid for {self.validity * 1000:.0f} ms unless extended.",
@@ -120,12 +203,27 @@ class LockBase:
         )
 
     def _judge_release(self, results: list[Any]) -> bool:
+        """True when a quorum deleted the key. Only "not ours" from enough nodes marks it lost:
+        a missing reply is no proof."""
         deleted = base.count(results, lambda r: r == 1)
+        gone = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
+        if self._gone_from_quorum(gone):
+            total = len(self.manager.node_list)
+            self._mark_lost(
+                f"at release {gone} of {total} nodes no longer stored this holder's value "
+                "(force-released, expired early or taken over)"
+            )
         base.call_hook(self.manager.config.hooks, "released", self)
         return deleted >= self.manager.quorum
 
     def _start_release(self) -> bool:
-        """Mark released; return False when it already was. Flag an expired lock as lost."""
+        """Mark released; return False when it already was (or in a forked child).
+
+        Flag an expired lock as lost. From here on the watchdog no longer reports losses.
+        """
+        if self._forked():
+            return False
+        self._lost_listener = None
         with self._state:
             if self.released:
                 return False
@@ -168,7 +266,7 @@ class Lock(LockBase):
         results = fanout(
             nodes,
             [command] * len(nodes),
-            timeout=manager.config.node_timeout,
+            timeout=self._extend_timeout(),
             done=base.until_outcome(manager.quorum, len(nodes), lambda r: r == 1),
             script=EXTEND,
             keys=[self.key],
@@ -180,13 +278,46 @@ class Lock(LockBase):
         """Delete this holder's key on every node (never another holder's).
 
         Idempotent. Returns True when a quorum of nodes still held the key.
-        Never raises for node failures: a key that could not be deleted expires.
+        Never raises: a key that could not be deleted expires. When enough
+        nodes answer that they no longer store this holder's value (the lock
+        was force-released, expired or taken over), ``lost`` is set with a
+        ``lost_reason``, and leaving a ``with`` block raises
+        :class:`~django_redlock.exceptions.LockLost`. Nodes that do not answer
+        are no such proof. In a forked child it does nothing and returns False.
         """
         if not self._start_release():
             return False
         self.manager._forget(self)
         results = self.manager._release_keys(self.key, self.value)
         return self._judge_release(results)
+
+    def owned(self) -> bool:
+        """Ask the nodes whether this holder still holds the lock.
+
+        One GET on every node: True when a quorum stores this holder's value
+        and validity is left. False when released, expired, or enough nodes
+        answer without it; that also sets ``lost`` (and calls ``on_lost`` of
+        an auto-extended lock). Raises
+        :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
+        nodes answer to tell.
+        """
+        if not self._can_ask():
+            return False
+        results = self._read_values()
+        held = self._judge_owned(results)
+        if held is None:
+            raise self._owned_error(results)
+        return held
+
+    def _read_values(self) -> list[Any]:
+        """GET the key on every node, in one fan-out."""
+        nodes = self.manager.node_list
+        return fanout(
+            nodes,
+            [("GET", self.key)] * len(nodes),
+            timeout=self.manager.config.node_timeout,
+            done=base.until_outcome(self.manager.quorum, len(nodes), self._is_ours),
+        )
 
     @property
     def fencing_token(self) -> int:
@@ -221,7 +352,7 @@ class Lock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-        if self.lost and exc_type is None:
+        if self.lost and exc_type is None and not self._forked():
             raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
 
 

@@ -1,0 +1,293 @@
+"""A held lock's life on real servers: fork, loss found at release, owned(), dropped handles, on_lost."""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import threading
+import time
+import traceback
+
+import pytest
+import redis
+
+from django_redlock.core import Hooks, LockManager
+from django_redlock.core import lock as lock_module
+from django_redlock.core.scripts import EXTEND
+from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
+
+
+def client(server):
+    return redis.Redis.from_url(server.url, socket_timeout=2)
+
+
+def nodes_with_key(servers, key):
+    return sum(1 for s in servers if s.running and not s.paused and client(s).exists(key))
+
+
+def wait_child(pid, timeout):
+    """Return the child's exit code, or None (and kill it) when it did not exit in time."""
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return None
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def child_work(manager, parent_lock, i):
+    """In a forked child: use the manager, and leave the parent's lock alone."""
+    manager.acquire(f"child-{i}", ttl=1.0).release()
+    with manager.lock(f"child-auto-{i}", ttl=0.1, auto_extend=True) as lock:
+        time.sleep(0.25)  # past the ttl: only extension keeps it
+        assert lock.locked() and lock.extensions >= 1
+    assert not parent_lock.locked()
+    assert parent_lock.release() is False  # the parent's lock is not the child's to release
+    assert manager.is_locked(f"parent-{i}")
+
+
+# -- item 6: fork while the extender is busy ------------------------------
+
+
+def test_forked_children_start_with_a_clean_extender(manager, servers):
+    outcomes, held = [], []
+    for i in range(5):
+        try:
+            with manager.lock(f"parent-{i}", ttl=0.1, auto_extend=True) as lock:
+                pid = os.fork()
+                if pid == 0:  # the child: never return into pytest
+                    code = 0
+                    try:
+                        child_work(manager, lock, i)
+                    except AssertionError:
+                        traceback.print_exc()
+                        code = 1
+                    except BaseException:  # noqa: BLE001
+                        traceback.print_exc()
+                        code = 2
+                    os._exit(code)
+                outcomes.append(wait_child(pid, 10.0))
+                held.append(lock.locked())
+        except LockLost:
+            held.append(False)
+    assert outcomes == [0] * 5, f"exit codes (None = hung): {outcomes}"
+    assert held == [True] * 5, "a child released or disturbed the parent's lock"
+
+
+# -- item 7: a lost lock is never released silently; owned() ---------------
+
+
+def test_with_exit_raises_lock_lost_after_a_takeover(manager, servers):
+    other = LockManager(servers.urls, retry_count=0, restart_window=0)
+    try:
+        with pytest.raises(LockLost, match="no longer stored"):
+            with manager.lock("taken", ttl=5) as lock:
+                assert other.force_release("taken") == 5
+                thief = other.acquire("taken", ttl=5)
+        assert lock.lost and "force-released" in lock.lost_reason
+        assert nodes_with_key(servers, "redlock:lock:taken") == 5  # the thief's keys are untouched
+        assert thief.release() is True
+    finally:
+        other.close()
+
+
+def test_release_reports_a_loss_by_flag_and_return_value(manager, servers):
+    lock = manager.acquire("flag", ttl=5)
+    for server in servers[:3]:
+        client(server).delete("redlock:lock:flag")
+    assert lock.release() is False
+    assert lock.lost and "3 of 5" in lock.lost_reason
+
+
+def test_release_with_silent_nodes_is_not_a_loss(manager, servers):
+    with manager.lock("silent", ttl=5) as lock:
+        for server in servers[:3]:
+            server.pause()
+    assert lock.released and not lock.lost  # no answer is no proof; the keys just expire
+
+
+def test_owned_asks_the_nodes(manager, servers):
+    lock = manager.acquire("own", ttl=5)
+    assert lock.owned() is True
+    for server in servers[:2]:
+        client(server).delete("redlock:lock:own")
+    assert lock.owned() is True and not lock.lost
+    client(servers[2]).set("redlock:lock:own", "someone else")
+    assert lock.owned() is False
+    assert lock.lost and "3 of 5" in lock.lost_reason
+    released = manager.acquire("own2", ttl=5)
+    released.release()
+    assert released.owned() is False and not released.lost
+
+
+def test_owned_raises_when_too_few_nodes_answer(manager, servers):
+    lock = manager.acquire("few", ttl=5)
+    servers[0].kill()
+    servers[1].kill()
+    assert lock.owned() is True
+    servers[2].kill()
+    with pytest.raises(QuorumUnavailable):
+        lock.owned()
+    assert not lock.lost
+
+
+def test_watchdog_notices_a_force_release_before_the_next_extension(manager, servers):
+    lost = threading.Event()
+    with pytest.raises(LockLost):
+        with manager.lock("watched", ttl=3.0, auto_extend=True, on_lost=lambda lock: lost.set()) as lock:
+            manager.force_release("watched")
+            # The first extension is due after 2 s; a check tick must come well before.
+            assert lost.wait(1.5), "the force-release was not noticed before the next extension"
+            assert lock.lost and lock.extensions == 0
+
+
+# -- item 8: a dropped handle stops being extended -------------------------
+
+
+def test_dropped_auto_extended_lock_expires(manager, servers):
+    ctx = manager.lock("dropped", ttl=0.3, auto_extend=True)
+    lock = ctx.__enter__()
+    time.sleep(0.5)  # past the ttl: it is being extended
+    assert lock.extensions >= 1 and nodes_with_key(servers, "redlock:lock:dropped") == 5
+    del lock, ctx
+    gc.collect()
+    deadline = time.monotonic() + 1.0  # the ttl, plus one tick and some slack
+    while nodes_with_key(servers, "redlock:lock:dropped") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert nodes_with_key(servers, "redlock:lock:dropped") == 0, "a dropped lock is still being extended"
+
+
+# -- item 9: on_lost exactly once, for real losses, by the deadline -------
+
+
+def test_loss_found_by_a_manual_extend_calls_on_lost_once(manager, servers):
+    calls = []
+    fired = threading.Event()
+
+    def on_lost(lock):
+        calls.append(lock)
+        fired.set()
+
+    with pytest.raises(LockLost):
+        with manager.lock("manual", ttl=5, auto_extend=True, on_lost=on_lost) as lock:
+            manager.force_release("manual")
+            with pytest.raises(LockLost):
+                lock.extend()
+            assert fired.wait(2.0), "on_lost was not called for a loss found outside the watchdog"
+    assert calls == [lock]
+
+
+def test_loss_found_by_owned_calls_on_lost_once(manager, servers):
+    calls = []
+    fired = threading.Event()
+    with pytest.raises(LockLost):
+        with manager.lock("by-owned", ttl=5, auto_extend=True, on_lost=lambda l: (calls.append(l), fired.set())) as lock:
+            manager.force_release("by-owned")
+            assert lock.owned() is False
+            assert fired.wait(2.0)
+    assert calls == [lock]
+
+
+def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers, monkeypatch):
+    lost_hook = []
+
+    class Record(Hooks):
+        def lost(self, lock, reason):
+            lost_hook.append(reason)
+
+    mgr = LockManager(servers.urls, retry_count=0, restart_window=0, hooks=Record())
+    extending, released, judged = threading.Event(), threading.Event(), threading.Event()
+    real_fanout = lock_module.fanout
+
+    def fanout(nodes, commands, **kwargs):
+        if kwargs.get("script") is EXTEND and not extending.is_set():
+            extending.set()
+            released.wait(5)  # the release runs while this EXTEND is "on the wire"
+        return real_fanout(nodes, commands, **kwargs)
+
+    monkeypatch.setattr(lock_module, "fanout", fanout)
+    on_lost = []
+    try:
+        with mgr.lock("inflight", ttl=0.3, auto_extend=True, on_lost=on_lost.append) as lock:
+            real_judge = lock._judge_extend
+
+            def judge(*args):
+                try:
+                    return real_judge(*args)
+                finally:
+                    judged.set()
+
+            lock._judge_extend = judge
+            assert extending.wait(2.0)
+        released.set()
+        assert judged.wait(2.0)
+        assert not lock.lost and lock.release() is False
+        assert on_lost == [] and lost_hook == []
+    finally:
+        released.set()
+        mgr.close()
+
+
+def test_on_lost_fires_by_the_validity_deadline_when_extensions_fail(servers):
+    # A node timeout longer than a third of the ttl: the extension attempt outlasts the validity.
+    mgr = LockManager(servers.urls, retry_count=0, restart_window=0, node_timeout=0.4)
+    fired_at = []
+    fired = threading.Event()
+
+    def on_lost(lock):
+        fired_at.append(time.monotonic())
+        fired.set()
+
+    try:
+        with pytest.raises(LockLost):
+            with mgr.lock("deadline", ttl=0.9, auto_extend=True, on_lost=on_lost) as lock:
+                deadline = time.monotonic() + lock.validity
+                for server in servers[:3]:
+                    server.pause()
+                assert fired.wait(5.0)
+        assert len(fired_at) == 1
+        late = fired_at[0] - deadline
+        assert -0.02 <= late <= 0.05, f"on_lost fired {late * 1000:.0f} ms after the validity ended"
+        assert lock.lost_reason
+    finally:
+        mgr.close()
+
+
+def test_transient_extension_failure_is_not_a_loss(manager, servers):
+    on_lost = []
+    with manager.lock("blip", ttl=0.6, auto_extend=True, on_lost=on_lost.append) as lock:
+        for server in servers[:3]:
+            server.pause()
+        time.sleep(0.5)  # the extension due at 0.4 s fails
+        for server in servers[:3]:
+            server.resume()
+        time.sleep(0.8)  # a retry within the validity succeeds; then it keeps being extended
+        assert lock.locked() and lock.extensions >= 1
+    assert on_lost == [] and not lock.lost
+
+
+def test_forked_copy_of_a_lock_is_not_held(manager, servers):
+    lock = manager.acquire("copy", ttl=5)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            assert not lock.locked() and lock.owned() is False
+            assert lock.release() is False
+            try:
+                lock.extend()
+                code = 3
+            except LockError:
+                pass
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    assert wait_child(pid, 10.0) == 0
+    assert lock.owned() is True and lock.release() is True
