@@ -179,10 +179,8 @@ class ManagerConfig:
             )
         return value
 
-    def window(self, ttl: float | None = None) -> float:
-        """How long a restarted node sits out; a ``ttl`` passed in is checked against ``max_ttl``."""
-        if ttl is not None:
-            self.lock_ttl(ttl, self.ttl)
+    def window(self) -> float:
+        """How long a node restarted without fsync-always persistence sits out (0: rule off)."""
         return self.restart_window
 
     def fence_key(self, resource: str) -> str:

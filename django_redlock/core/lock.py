@@ -166,8 +166,7 @@ class LockBase:
         limit = self.max_extensions
         if counted and limit is not None and self.extensions >= limit:
             raise base.extension_limit_error(self, limit)
-        new_ttl = base.check_ttl(ttl, self.ttl)
-        self.manager.config.window(new_ttl)  # a longer ttl lengthens the restart window
+        new_ttl = self.manager.config.lock_ttl(ttl, self.ttl)  # never above max_ttl
         if self.validity <= 0:
             reason = "it expired before it could be extended"
             self._mark_lost(reason, while_held=True)
