@@ -202,7 +202,8 @@ def redlock(
     (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
     function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
     The lock is released when the call returns or raises; for a streaming
-    response, once the stream has been consumed or closed.
+    response, once the stream has been consumed or closed. A ``ttl`` above
+    ``REDLOCK['MAX_TTL']`` raises :class:`ValueError` when the view is called.
     """
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
@@ -219,6 +220,7 @@ def redlock(
                 from django_redlock.manager import get_async_lock_manager
 
                 resource = spec.format(args, kwargs)
+                conf.check_max_ttl(ttl)
                 manager = get_async_lock_manager()
                 try:
                     lock = await manager.acquire(resource, **options)
@@ -245,6 +247,7 @@ def redlock(
             from django_redlock.manager import get_lock_manager
 
             resource = spec.format(args, kwargs)
+            conf.check_max_ttl(ttl)
             manager = get_lock_manager()
             try:
                 lock = manager.acquire(resource, **options)
@@ -342,6 +345,7 @@ class RedlockMixin:
         from django_redlock.manager import get_lock_manager
 
         resource = self.get_redlock_key()
+        conf.check_max_ttl(self.redlock_ttl)
         try:
             lock = get_lock_manager().acquire(
                 resource, self.redlock_ttl, blocking=self.redlock_blocking, timeout=self.redlock_timeout
@@ -455,6 +459,10 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             mode, timeout = WAIT, options["lock_wait"]
         if options.get("lock_fail"):
             mode = FAIL
+        try:
+            conf.check_max_ttl(lock_ttl)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         manager = get_lock_manager()
         try:
             if mode == WAIT:
