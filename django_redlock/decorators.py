@@ -486,7 +486,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 guard.interrupt()  # the command must not go on unprotected
 
         manager._watch(lock, None, on_lost)
-        result = None
+        result, stopped = None, False
         try:
             guard.install()
             try:
@@ -494,7 +494,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             finally:
                 guard.armed = False  # from here on signals are only recorded: nothing interrupts the release
         except _Stop:
-            result = None
+            stopped = True
         finally:
             guard.armed = False
             try:
@@ -505,7 +505,8 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 guard.restore()
         if lost.is_set():
             logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
-            raise CommandError(f"Stopped: the lock {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)
+            what = "Stopped: the lock" if stopped else "The lock"
+            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)
         if guard.signum is not None:
             name = signal.Signals(guard.signum).name
             raise CommandError(f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum)

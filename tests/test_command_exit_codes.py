@@ -100,8 +100,8 @@ def test_repeated_signals_during_node_calls_exit_and_release(servers, tmp_path, 
         out, err = proc.communicate()
         assert not checker.is_locked("command:busy")  # released on the way out, not left for the ttl
         # 128+N from the command, or -N when a later signal hit the restored default handler after
-        # the release: a shell reports both as 128+N.
+        # the release (so may a KeyboardInterrupt at interpreter exit): a shell reports both as 128+N.
         assert proc.returncode in (128 + signum, -signum), err
-        assert "Traceback" not in err
+        assert proc.returncode == -signum or "Stopped by" in err
     finally:
         checker.close()
