@@ -9,6 +9,7 @@ The default checks read settings only. The ones that must ask the nodes
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.checks import Error, Warning, register
@@ -26,6 +27,8 @@ NODES_TAG = "redlock_nodes"
 class Codes:
     SETTINGS = "django_redlock.E001"
     OPTIONS = "django_redlock.E002"
+    MAX_TTL = "django_redlock.E003"
+    INFO_DENIED = "django_redlock.E004"
     FEW_MASTERS = "django_redlock.W001"
     EVEN = "django_redlock.W002"
     SAME_SERVER = "django_redlock.W003"
@@ -38,6 +41,18 @@ class Codes:
 
 
 class Messages:
+    ABOVE_MAX_TTL = (
+        "REDLOCK['{key}'] is {value:g} s, above REDLOCK['MAX_TTL'] ({limit:g} s): the engine refuses such a lock, "
+        "and a restarted node would vote again before it expires."
+    )
+    SHORT_WINDOW = (
+        "REDLOCK['RESTART_WINDOW'] is {value:g} s, shorter than REDLOCK['MAX_TTL'] ({limit:g} s): a restarted "
+        "node could vote while a lock it forgot is still valid."
+    )
+    INFO_DENIED = (
+        "Redlock node {node} refuses INFO to the lock user ({error}): its restart state cannot be known, "
+        "so it never votes."
+    )
     FEW_MASTERS = "REDLOCK_NODES lists {count} independent Redis master(s); Redlock needs at least 3 to survive a failure."
     EVEN = "REDLOCK_NODES lists {count} masters; an even count tolerates no more failures than {lower}."
     SAME_SERVER = "REDLOCK_NODES lists the server {server} {times} times; nodes on one server fail together."
@@ -50,6 +65,19 @@ class Messages:
 
 
 class Hints:
+    ABOVE_MAX_TTL = (
+        "Set REDLOCK['{key}'] to at most {limit:g} (long work extends its lock), or raise REDLOCK['MAX_TTL'] "
+        "to at least {value:g} on every client of these nodes."
+    )
+    SHORT_WINDOW = (
+        "Set REDLOCK['RESTART_WINDOW'] to at least {limit:g}, or remove it (it then follows MAX_TTL); "
+        "0 turns the delayed-restart rule off and is for tests only."
+    )
+    INFO_DENIED = (
+        "Grant '+info' and '+config|get' to the lock user (ACL SETUSER <user> +info +config|get), or, if the "
+        "node really runs 'appendonly yes' with 'appendfsync always', declare it in REDLOCK_NODES as "
+        "{'URL': ..., 'FSYNC_ALWAYS': True}."
+    )
     FEW_MASTERS = (
         "Run at least three (five is better) redis-server processes on separate machines and list each "
         "once in REDLOCK_NODES. Replicas, Sentinel and Cluster shards are not independent masters."
@@ -64,10 +92,55 @@ class Hints:
     SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
 
 
+FSYNC_KEY = "fsync_always"
+
+
 def _nodes() -> list[Any]:
     from django_redlock.core.nodes import parse_nodes
 
-    return parse_nodes(conf.get_nodes(), 0.05, "REDLOCK_NODES")
+    specs = [_without_fsync_key(spec) for spec in conf.get_nodes()]
+    return parse_nodes(specs, 0.05, "REDLOCK_NODES")
+
+
+def _without_fsync_key(spec: Any) -> Any:
+    # The checks only connect: the node's declared durability is read by _declared_fsync().
+    if isinstance(spec, Mapping):
+        return {k: v for k, v in spec.items() if str(k).lower() != FSYNC_KEY}
+    return spec
+
+
+def _declared_fsync() -> list[bool]:
+    """Per REDLOCK_NODES entry: declared ``"FSYNC_ALWAYS": True`` (every write fsynced)."""
+    declared = []
+    for i, spec in enumerate(conf.get_nodes()):
+        value = False
+        if isinstance(spec, Mapping):
+            for k, v in spec.items():
+                if str(k).lower() == FSYNC_KEY:
+                    if not isinstance(v, bool):
+                        raise ValueError(f"REDLOCK_NODES[{i}]: 'FSYNC_ALWAYS' must be True or False; got {v!r}.")
+                    value = v
+        declared.append(value)
+    return declared
+
+
+def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
+    """Settings under which clients of the same nodes could disagree about the longest ttl."""
+    limit = config["MAX_TTL"]
+    errors: list[Any] = []
+    for key in ("TTL", "COMMAND_TTL"):
+        if config[key] > limit:
+            values = {"key": key, "value": config[key], "limit": limit}
+            errors.append(
+                Error(Messages.ABOVE_MAX_TTL.format(**values), hint=Hints.ABOVE_MAX_TTL.format(**values), id=Codes.MAX_TTL)
+            )
+    window = config["RESTART_WINDOW"]
+    if isinstance(window, (int, float)) and not isinstance(window, bool) and 0 < window < limit:
+        values = {"value": window, "limit": limit}
+        errors.append(
+            Error(Messages.SHORT_WINDOW.format(**values), hint=Hints.SHORT_WINDOW.format(**values), id=Codes.MAX_TTL)
+        )
+    return errors
 
 
 def _server(node: Any) -> str:
@@ -86,11 +159,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         config = conf.get_config()
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="Fix the REDLOCK setting.", id=Codes.OPTIONS)]
+    errors = _max_ttl_errors(config)
     try:
         nodes = _nodes()
+        _declared_fsync()
     except (ImproperlyConfigured, ValueError) as exc:
-        return [Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
-    errors: list[Any] = []
+        return [*errors, Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
     servers = Counter(_server(node) for node in nodes)
     distinct = len(servers)
     if distinct < 3:
@@ -119,14 +193,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node.
 
-    Reports nodes that do not answer, replicas, one server listed under two
-    addresses (same run id), several nodes on one host, and eviction policies
-    that could drop lock keys.
+    Reports nodes that do not answer, nodes that refuse INFO (they cannot
+    vote), replicas, one server listed under two addresses (same run id),
+    several nodes on one host, and eviction policies that could drop lock keys.
     """
     from django_redlock.core.nodes import Failure, fanout, parse_info
 
     try:
         nodes = _nodes()
+        declared = _declared_fsync()
     except (ImproperlyConfigured, ValueError):
         return []  # reported by check_settings
     errors: list[Any] = []
@@ -134,13 +209,20 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
     policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
     run_ids: dict[str, list[str]] = {}
-    for node, info, role, policy in zip(nodes, infos, roles, policies):
-        if isinstance(info, Failure):
+    for node, info, role, policy, fsync in zip(nodes, infos, roles, policies, declared):
+        if isinstance(info, Failure) and info.answered:
+            # INFO refused (ACL -info, renamed): the engine does not let such a node vote.
+            if not fsync:
+                errors.append(
+                    Error(Messages.INFO_DENIED.format(node=node.name, error=info), hint=Hints.INFO_DENIED, id=Codes.INFO_DENIED)
+                )
+            info = None
+        elif isinstance(info, Failure):
             errors.append(
                 Warning(Messages.UNREACHABLE.format(node=node.name, error=info), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)
             )
             continue
-        run_id = parse_info(info).get("run_id")
+        run_id = parse_info(info).get("run_id") if info is not None else None
         if run_id:
             run_ids.setdefault(run_id, []).append(node.name)
         if isinstance(role, list) and role and role[0] not in (b"master", "master"):

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_EXTENSIONS": 100,
     "LABEL": None,
     "RESTART_WINDOW": None,
+    "MAX_TTL": 60.0,
     # Django layer
     "LOCKED_RESPONSE": None,  # dotted path or callable (request, error) -> HttpResponse
     "COMMAND_TTL": 60.0,
@@ -48,9 +49,10 @@ ENGINE_KEYS = {
     "MAX_EXTENSIONS": "max_extensions",
     "LABEL": "label",
     "RESTART_WINDOW": "restart_window",
+    "MAX_TTL": "max_ttl",
 }
 
-NUMBERS = {"TTL", "RETRY_DELAY", "RETRY_JITTER", "CLOCK_DRIFT_FACTOR", "NODE_TIMEOUT", "COMMAND_TTL"}
+NUMBERS = {"TTL", "RETRY_DELAY", "RETRY_JITTER", "CLOCK_DRIFT_FACTOR", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"}
 
 
 @lru_cache(maxsize=1)
@@ -70,7 +72,7 @@ def get_config() -> dict[str, Any]:
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ImproperlyConfigured(f"REDLOCK['{key}'] must be a finite number of seconds >= 0; got {value!r}.")
-    for key in ("TTL", "NODE_TIMEOUT", "COMMAND_TTL"):
+    for key in ("TTL", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"):
         if config[key] <= 0:
             raise ImproperlyConfigured(f"REDLOCK['{key}'] must be greater than 0; got {config[key]!r}.")
     return config
@@ -79,7 +81,32 @@ def get_config() -> dict[str, Any]:
 def engine_options() -> dict[str, Any]:
     """Keyword arguments for :class:`~django_redlock.core.LockManager` from ``REDLOCK``."""
     config = get_config()
-    return {kwarg: config[key] for key, kwarg in ENGINE_KEYS.items()}
+    accepted = _engine_keywords()
+    return {kwarg: config[key] for key, kwarg in ENGINE_KEYS.items() if accepted is None or kwarg in accepted}
+
+
+@lru_cache(maxsize=1)
+def _engine_keywords() -> frozenset[str] | None:
+    # An engine older than a REDLOCK key (max_ttl) is built without it; checks still read the key.
+    import inspect
+
+    from django_redlock.core import LockManager
+
+    params = inspect.signature(LockManager).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None  # takes any keyword
+    return frozenset(params)
+
+
+def check_max_ttl(ttl: float | None) -> None:
+    """Refuse a lock ttl above ``REDLOCK['MAX_TTL']`` (the engine enforces the same limit)."""
+    limit = get_config()["MAX_TTL"]
+    if ttl is not None and ttl > limit:
+        raise ValueError(
+            f"ttl {ttl:g} s is above REDLOCK['MAX_TTL'] ({limit:g} s, the engine's max_ttl): use a ttl of at most "
+            f"{limit:g} s and let the lock be extended (auto_extend, the command watchdog), or raise MAX_TTL "
+            "on every client of these nodes."
+        )
 
 
 def get_nodes() -> list[Any]:

@@ -8,7 +8,6 @@ import logging
 import math
 import signal
 import string
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +20,17 @@ from django.utils.module_loading import import_string
 
 from django_redlock import conf
 from django_redlock.core import base
-from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
+from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
-__all__ = ["RedlockMixin", "locked_response", "redlock", "redlock_command"]
+__all__ = [
+    "EXIT_LOCKED",
+    "EXIT_LOST",
+    "EXIT_NODES_UNAVAILABLE",
+    "RedlockMixin",
+    "locked_response",
+    "redlock",
+    "redlock_command",
+]
 
 logger = logging.getLogger("django_redlock")
 
@@ -195,7 +202,8 @@ def redlock(
     (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
     function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
     The lock is released when the call returns or raises; for a streaming
-    response, once the stream has been consumed or closed.
+    response, once the stream has been consumed or closed. A ``ttl`` above
+    ``REDLOCK['MAX_TTL']`` raises :class:`ValueError` when the view is called.
     """
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
@@ -212,6 +220,7 @@ def redlock(
                 from django_redlock.manager import get_async_lock_manager
 
                 resource = spec.format(args, kwargs)
+                conf.check_max_ttl(ttl)
                 manager = get_async_lock_manager()
                 try:
                     lock = await manager.acquire(resource, **options)
@@ -238,6 +247,7 @@ def redlock(
             from django_redlock.manager import get_lock_manager
 
             resource = spec.format(args, kwargs)
+            conf.check_max_ttl(ttl)
             manager = get_lock_manager()
             try:
                 lock = manager.acquire(resource, **options)
@@ -335,6 +345,7 @@ class RedlockMixin:
         from django_redlock.manager import get_lock_manager
 
         resource = self.get_redlock_key()
+        conf.check_max_ttl(self.redlock_ttl)
         try:
             lock = get_lock_manager().acquire(
                 resource, self.redlock_ttl, blocking=self.redlock_blocking, timeout=self.redlock_timeout
@@ -356,6 +367,12 @@ class RedlockMixin:
 
 SKIP, WAIT, FAIL = "skip", "wait", "fail"
 
+#: Exit codes of a command decorated with :func:`redlock_command` (0: done, or skipped because held).
+EXIT_LOCKED = 1  # held by another host, with --lock-fail or after --lock-wait
+EXIT_LOST = 3  # the lock was lost while the command ran; the command was stopped
+EXIT_NODES_UNAVAILABLE = 4  # too few lock nodes answered: nobody can hold the lock
+# A signal N (SIGTERM, SIGINT) stops the command with 128 + N, after the lock is released.
+
 
 def redlock_command(
     key: KeySpec | None = None,
@@ -372,11 +389,14 @@ def redlock_command(
     command runs, so a short ttl (``REDLOCK['COMMAND_TTL']``, 60 s) covers
     hours of work. When the lock is held: ``when_locked="skip"`` exits 0 with a
     one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``),
-    ``"fail"`` exits 1. If the lock is lost while the command runs, it is
-    logged, ``lock_lost`` is sent and the command is stopped with exit code 3
-    (``stop_on_lost=False`` only logs). SIGTERM and SIGINT release the lock
-    before the process exits. The command gains ``--lock-wait SECONDS``,
-    ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    ``"fail"`` exits 1. When too few nodes answer
+    (:class:`~django_redlock.exceptions.QuorumUnavailable`) the command does
+    not run and exits 4 in every mode: that is an outage, not a skip. If the
+    lock is lost while the command runs, it is logged, ``lock_lost`` is sent
+    and the command is stopped with exit code 3 (``stop_on_lost=False`` only
+    logs, and still exits 3). SIGTERM and SIGINT stop the command, the lock is
+    released and the process exits 128 + the signal number. The command gains
+    ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
     """
     if when_locked not in (SKIP, WAIT, FAIL):
         raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
@@ -439,76 +459,107 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             mode, timeout = WAIT, options["lock_wait"]
         if options.get("lock_fail"):
             mode = FAIL
+        try:
+            conf.check_max_ttl(lock_ttl)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         manager = get_lock_manager()
         try:
             if mode == WAIT:
                 lock = manager.acquire(resource, lock_ttl, blocking=True, timeout=timeout if timeout is not None else 3600.0)
             else:
                 lock = manager.acquire(resource, lock_ttl, blocking=False)
+        except QuorumUnavailable as error:
+            # Every host would "skip" here and monitoring would see success: fail instead.
+            raise CommandError(f"Lock nodes unavailable: {error}", returncode=EXIT_NODES_UNAVAILABLE) from None
         except LockNotAcquired as error:
             if mode == SKIP:
                 self.stderr.write(f"Skipped: {error}")
                 return None
-            raise CommandError(str(error), returncode=1) from None
+            raise CommandError(str(error), returncode=EXIT_LOCKED) from None
         lost = threading.Event()
-        in_main = threading.current_thread() is threading.main_thread()
+        guard = _Guard(lost, threading.current_thread() is threading.main_thread())
 
         def on_lost(_: Any) -> None:
             lost.set()
-            if stop and in_main:
-                # Interrupt the command in the main thread: it must not run unprotected.
-                _interrupt_main()
+            if stop:
+                guard.interrupt()  # the command must not go on unprotected
 
         manager._watch(lock, None, on_lost)
-        previous = _install_signal_handlers(lock, lost) if in_main else {}
+        result, stopped = None, False
         try:
-            result = handle(self, *args, **options)
-        except _LockLostInterrupt:
-            logger.error("Stopped command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
-            raise CommandError(f"Stopped: the lock {resource!r} was lost ({lock.lost_reason}).", returncode=3) from None
+            guard.install()
+            try:
+                result = handle(self, *args, **options)
+            finally:
+                guard.armed = False  # from here on signals are only recorded: nothing interrupts the release
+        except _Stop:
+            stopped = True
         finally:
-            _restore_signal_handlers(previous)
-            lock.release()
+            guard.armed = False
+            try:
+                lock.release()
+            except LockLost:
+                lost.set()
+            finally:
+                guard.restore()
         if lost.is_set():
-            raise CommandError(f"The lock {resource!r} was lost while the command ran ({lock.lost_reason}).", returncode=3)
+            logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
+            what = "Stopped: the lock" if stopped else "The lock"
+            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)
+        if guard.signum is not None:
+            name = signal.Signals(guard.signum).name
+            raise CommandError(f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum)
         return result
 
     return wrapped
 
 
-class _LockLostInterrupt(BaseException):
-    """Raised in the main thread when the command's lock is lost."""
+class _Stop(BaseException):
+    """Raised in the main thread to stop the command (a signal, or the lock was lost)."""
 
 
-def _interrupt_main() -> None:
-    import _thread
+class _Guard:
+    """SIGTERM/SIGINT handlers that only stop the main thread; the wrapper then releases the lock.
 
-    _thread.interrupt_main()
+    The handler never touches the nodes: it may run while the main thread holds
+    a node's mutex, and releasing from there would deadlock.
+    """
 
+    def __init__(self, lost: threading.Event, in_main: bool) -> None:
+        self.lost = lost
+        self.in_main = in_main
+        self.armed = False  # True while handle() runs: a signal raises _Stop there
+        self.signum: int | None = None  # the first signal received
+        self.previous: dict[int, Any] = {}
 
-def _install_signal_handlers(lock: Any, lost: threading.Event) -> dict[int, Any]:
-    """SIGTERM/SIGINT release the lock before exit; a lost lock interrupts the command."""
-    previous: dict[int, Any] = {}
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.signum is None and not self.lost.is_set():
+            self.signum = signum
+        if self.armed:
+            raise _Stop()
 
-    def handler(signum: int, frame: Any) -> None:
-        if lost.is_set():
-            raise _LockLostInterrupt()
-        lock.release()
-        sys.exit(128 + signum)
+    def interrupt(self) -> None:
+        """Stop the main thread from another thread (the watchdog saw the lock lost)."""
+        if self.in_main:
+            import _thread
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except (ValueError, OSError):  # pragma: no cover
-            pass
-    return previous
+            _thread.interrupt_main()  # runs handler() in the main thread
 
+    def install(self) -> None:
+        if not self.in_main:
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self.previous[signum] = signal.signal(signum, self.handler)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+        self.armed = True
 
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-    for signum, old in previous.items():
-        try:
-            signal.signal(signum, old)
-        except (ValueError, OSError, TypeError):  # pragma: no cover
-            pass
-
-
+    def restore(self) -> None:
+        for signum, old in self.previous.items():
+            try:
+                signal.signal(signum, old)
+            except (ValueError, OSError, TypeError):  # pragma: no cover
+                pass
+        self.previous.clear()

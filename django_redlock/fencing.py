@@ -3,8 +3,8 @@
 A lock alone cannot stop a holder that was paused (GC, swap, a stopped VM)
 past its validity from writing. The fencing token can: the storage keeps the
 highest token it has accepted and refuses writes that carry a lower one. This
-module does that in one SQL ``UPDATE ... WHERE token < %s``, so the check and
-the write are atomic in the database::
+module does that in the database, in one transaction, for all the rows of a
+queryset or none of them::
 
     class Invoice(models.Model):
         fencing_token = FencingTokenField()
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import connections, models, transaction
+from django.db.models import Max, Q
 
 from django_redlock.exceptions import StaleToken
 
@@ -56,30 +57,35 @@ def _token_field(model: type[models.Model], field: str | None) -> str:
 
 
 def fenced_update(queryset: models.QuerySet[Any], token: int, *, field: str | None = None, **values: Any) -> int:
-    """Update the rows of ``queryset`` whose stored token is below ``token``, storing ``token``.
+    """Update every row of ``queryset`` and store ``token`` in it, or none of them.
 
-    One SQL statement, so no other writer can slip between check and write.
-    Returns the number of rows updated. Raises :class:`StaleToken` when some
-    matching row already carries ``token`` or a higher one (a newer holder
-    wrote first); rows that do not exist are not an error.
+    A row accepts the write when its stored token is at most ``token`` (the
+    same holder may write again) or NULL (no token yet, as 0). If any row holds
+    a higher token, a newer holder already wrote: nothing is written and
+    :class:`StaleToken` is raised. Returns the number of rows updated; rows
+    that do not exist are not an error.
     """
     if isinstance(token, bool) or not isinstance(token, int) or token <= 0:
         raise ValueError(f"token must be a positive int (lock.fencing_token); got {token!r}.")
     name = _token_field(queryset.model, field)
-    updated = queryset.filter(**{f"{name}__lt": token}).update(**{name: token}, **values)
-    if updated:
-        total = queryset.count()
-        if total == updated:
-            return updated
-    stale = queryset.filter(**{f"{name}__gte": token}).order_by().values_list(name, flat=True)
-    newest = max(stale, default=None)
-    if newest is not None:
-        raise StaleToken(
-            f"Refused a write with fencing token {token}: {queryset.model.__name__} already holds token "
-            f"{newest} from a newer lock holder.",
-            token=token,
-            stored=newest,
-        )
+    accepts = Q(**{f"{name}__lte": token}) | Q(**{f"{name}__isnull": True})
+    features = connections[queryset.db].features
+    with transaction.atomic(using=queryset.db):
+        if features.has_select_for_update:
+            # Lock the rows in one order first: overlapping fenced updates queue instead of deadlocking.
+            of = ("self",) if features.has_select_for_update_of else ()
+            list(queryset.select_for_update(of=of).order_by("pk").values_list("pk", flat=True))
+        updated = queryset.filter(accepts).update(**{name: token}, **values)
+        # Checked after the write, in the same transaction: a row that a newer holder wrote
+        # meanwhile (or that appeared) is seen here, and raising rolls the whole update back.
+        newest = queryset.filter(**{f"{name}__gt": token}).aggregate(newest=Max(name))["newest"]
+        if newest is not None:
+            raise StaleToken(
+                f"Refused a write with fencing token {token}: {queryset.model.__name__} already holds token "
+                f"{newest} from a newer lock holder; nothing was written.",
+                token=token,
+                stored=newest,
+            )
     return updated
 
 

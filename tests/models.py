@@ -14,3 +14,15 @@ class Invoice(models.Model):
 
     class Meta:
         app_label = "tests"
+
+
+class Reading(models.Model):
+    """A table whose token column allows NULL (a column added to existing rows, say)."""
+
+    value = models.IntegerField(default=0)
+    fencing_token = FencingTokenField(null=True, default=None)
+
+    objects = FencedQuerySet.as_manager()
+
+    class Meta:
+        app_label = "tests"

@@ -240,25 +240,43 @@ class LockManager(ManagerBase):
 
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
     """Describe a node from its INFO and CONFIG GET appendfsync replies."""
-    common = {"host": node.host, "port": node.port, "path": node.path}
+    declared = getattr(node, "fsync_always", False) is True
+    common = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
+    if isinstance(reply, Failure) and reply.answered:
+        # INFO refused (ACL -info, renamed): the restart state is unknown, so the node does not vote.
+        if declared:
+            return NodeStatus(node.name, True, latency=latency, error=str(reply), **common)
+        why = f"INFO refused ({reply}): restart state unknown; grant +info and +config|get, or declare FSYNC_ALWAYS"
+        return NodeStatus(node.name, True, latency=latency, error=str(reply), votes=False, not_voting_reason=why, **common)
     if isinstance(reply, Failure) or reply is None:
-        return NodeStatus(node.name, False, error=str(reply) if reply else "no reply", **common)
+        error = str(reply) if reply else "no reply"
+        return NodeStatus(node.name, False, error=error, votes=False, not_voting_reason=error, **common)
     info = parse_info(reply)
     persistence = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
     if isinstance(fsync, list) and len(fsync) == 2:
         persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
-    durable = persistence.get("aof_enabled") == "1" and persistence.get("appendfsync") == "always"
+    durable = declared or (persistence.get("aof_enabled") == "1" and persistence.get("appendfsync") == "always")
     sits_out = max(0.0, window - uptime) if uptime is not None and not durable and window > 0 else 0.0
+    role = info.get("role")
+    why = None
+    if role != "master":
+        why = f"role {role or 'unknown'}, not a master"
+    elif uptime is None and not durable:
+        why = "INFO does not tell its uptime: its restart state cannot be known"
+    elif sits_out:
+        why = f"restarted {uptime:.0f} s ago without fsync-always persistence: sits out {sits_out:.0f} s more"
     return NodeStatus(
         node.name,
         True,
         latency=latency,
-        role=info.get("role"),
+        role=role,
         run_id=info.get("run_id"),
         version=info.get("redis_version"),
         uptime=uptime,
         persistence=persistence,
         sits_out_for=sits_out,
+        votes=why is None,
+        not_voting_reason=why,
         **common,
     )

@@ -138,3 +138,9 @@ class NodeStatus:
     persistence: dict[str, str] = field(default_factory=dict)
     #: Seconds this node still sits out after a restart (delayed-restart rule); 0 when it votes.
     sits_out_for: float = 0.0
+    #: Whether the node can vote now (reachable master whose restart state is known and past the window).
+    votes: bool = True
+    #: Why it cannot vote (None when it votes): down, not a master, INFO refused, restarted.
+    not_voting_reason: str | None = None
+    #: Declared ``"FSYNC_ALWAYS": True`` in its settings: it votes right after a restart.
+    fsync_declared: bool = False

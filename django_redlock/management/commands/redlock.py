@@ -75,7 +75,7 @@ class Command(BaseCommand):
 
     def do_status(self, manager: Any, options: dict[str, Any]) -> None:
         statuses = manager.node_status(timeout=options["timeout"])
-        voting = [s for s in statuses if s.reachable and s.role == "master" and not s.sits_out_for]
+        voting = [s for s in statuses if s.votes]
         quorum = manager.quorum
         if options["json"]:
             self.stdout.write(
@@ -85,22 +85,34 @@ class Command(BaseCommand):
             )
         else:
             for s in statuses:
-                if not s.reachable:
-                    self.stdout.write(f"{s.name:<28} {self.style.ERROR('DOWN')}  {s.error}")
-                    continue
-                note = f"  sits out {s.sits_out_for:.0f}s more (restarted)" if s.sits_out_for else ""
-                persistence = "fsync always" if s.persistence.get("appendfsync") == "always" and s.persistence.get(
-                    "aof_enabled"
-                ) == "1" else "no fsync per write"
-                line = (
-                    f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role:<7} {s.latency * 1000:6.2f} ms  "
-                    f"redis {s.version}  up {s.uptime:.0f}s  {persistence}  run {s.run_id[:12] if s.run_id else '?'}"
-                )
-                self.stdout.write(line + (self.style.WARNING(note) if note else ""))
+                self.stdout.write(self.status_line(s))
             summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
             self.stdout.write(self.style.SUCCESS(summary) if len(voting) >= quorum else self.style.ERROR(summary))
         if len(voting) < quorum:
             raise CommandError(f"No quorum: {len(voting)} of {len(statuses)} nodes can vote, {quorum} needed.", returncode=2)
+
+    def status_line(self, s: Any) -> str:
+        if not s.reachable:
+            return f"{s.name:<28} {self.style.ERROR('DOWN')}  {s.error}"
+        latency = f"{s.latency * 1000:6.2f} ms" if s.latency is not None else "     ? ms"
+        if s.fsync_declared:
+            persistence = "fsync always (declared)"
+        elif s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") == "1":
+            persistence = "fsync always"
+        else:
+            persistence = "no fsync per write"
+        if s.version is None:  # INFO refused: nothing more to show
+            line = f"{s.name:<28} {self.style.SUCCESS('up')}    {'?':<7} {latency}" + (
+                f"  {persistence}" if s.fsync_declared else ""
+            )
+        else:
+            line = (
+                f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role or '?':<7} {latency}  redis {s.version}  "
+                f"up {s.uptime or 0:.0f}s  {persistence}  run {s.run_id[:12] if s.run_id else '?'}"
+            )
+        if not s.votes:
+            line += self.style.WARNING(f"  does not vote: {s.not_voting_reason}")
+        return line
 
 
 def record_json(record: Any) -> dict[str, Any]:
@@ -141,5 +153,8 @@ def status_json(status: Any) -> dict[str, Any]:
         "uptime": status.uptime,
         "persistence": status.persistence,
         "sits_out_for": status.sits_out_for,
+        "votes": status.votes,
+        "not_voting_reason": status.not_voting_reason,
+        "fsync_declared": status.fsync_declared,
         "error": status.error,
     }
