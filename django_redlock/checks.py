@@ -92,36 +92,10 @@ class Hints:
     SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
 
 
-FSYNC_KEY = "fsync_always"
-
-
 def _nodes() -> list[Any]:
     from django_redlock.core.nodes import parse_nodes
 
-    specs = [_without_fsync_key(spec) for spec in conf.get_nodes()]
-    return parse_nodes(specs, 0.05, "REDLOCK_NODES")
-
-
-def _without_fsync_key(spec: Any) -> Any:
-    # The checks only connect: the node's declared durability is read by _declared_fsync().
-    if isinstance(spec, Mapping):
-        return {k: v for k, v in spec.items() if str(k).lower() != FSYNC_KEY}
-    return spec
-
-
-def _declared_fsync() -> list[bool]:
-    """Per REDLOCK_NODES entry: declared ``"FSYNC_ALWAYS": True`` (every write fsynced)."""
-    declared = []
-    for i, spec in enumerate(conf.get_nodes()):
-        value = False
-        if isinstance(spec, Mapping):
-            for k, v in spec.items():
-                if str(k).lower() == FSYNC_KEY:
-                    if not isinstance(v, bool):
-                        raise ValueError(f"REDLOCK_NODES[{i}]: 'FSYNC_ALWAYS' must be True or False; got {v!r}.")
-                    value = v
-        declared.append(value)
-    return declared
+    return parse_nodes(conf.get_nodes(), 0.05, "REDLOCK_NODES")
 
 
 def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
@@ -162,7 +136,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors = _max_ttl_errors(config)
     try:
         nodes = _nodes()
-        _declared_fsync()
     except (ImproperlyConfigured, ValueError) as exc:
         return [*errors, Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
     servers = Counter(_server(node) for node in nodes)
@@ -201,7 +174,6 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
     try:
         nodes = _nodes()
-        declared = _declared_fsync()
     except (ImproperlyConfigured, ValueError):
         return []  # reported by check_settings
     errors: list[Any] = []
@@ -209,10 +181,10 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
     policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
     run_ids: dict[str, list[str]] = {}
-    for node, info, role, policy, fsync in zip(nodes, infos, roles, policies, declared):
+    for node, info, role, policy in zip(nodes, infos, roles, policies):
         if isinstance(info, Failure) and info.answered:
             # INFO refused (ACL -info, renamed): the engine does not let such a node vote.
-            if not fsync:
+            if not node.fsync_always:
                 errors.append(
                     Error(Messages.INFO_DENIED.format(node=node.name, error=info), hint=Hints.INFO_DENIED, id=Codes.INFO_DENIED)
                 )

@@ -81,21 +81,7 @@ def get_config() -> dict[str, Any]:
 def engine_options() -> dict[str, Any]:
     """Keyword arguments for :class:`~django_redlock.core.LockManager` from ``REDLOCK``."""
     config = get_config()
-    accepted = _engine_keywords()
-    return {kwarg: config[key] for key, kwarg in ENGINE_KEYS.items() if accepted is None or kwarg in accepted}
-
-
-@lru_cache(maxsize=1)
-def _engine_keywords() -> frozenset[str] | None:
-    # An engine older than a REDLOCK key (max_ttl) is built without it; checks still read the key.
-    import inspect
-
-    from django_redlock.core import LockManager
-
-    params = inspect.signature(LockManager).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return None  # takes any keyword
-    return frozenset(params)
+    return {kwarg: config[key] for key, kwarg in ENGINE_KEYS.items()}
 
 
 def check_max_ttl(ttl: float | None) -> None:

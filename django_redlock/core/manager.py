@@ -240,7 +240,7 @@ class LockManager(ManagerBase):
 
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
     """Describe a node from its INFO and CONFIG GET appendfsync replies."""
-    declared = getattr(node, "fsync_always", False) is True
+    declared = node.fsync_always
     common = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
     if isinstance(reply, Failure) and reply.answered:
         # INFO refused (ACL -info, renamed): the restart state is unknown, so the node does not vote.
