@@ -503,7 +503,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 lost.set()
             finally:
                 guard.restore()
-        if lost.is_set():
+        if lost.is_set() or lock.lost:  # also a loss the release itself found (taken over, expired)
             logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
             what = "Stopped: the lock" if stopped else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)

@@ -105,3 +105,27 @@ def test_repeated_signals_during_node_calls_exit_and_release(servers, tmp_path, 
         assert proc.returncode == -signum or "Stopped by" in err
     finally:
         checker.close()
+
+
+def test_lock_taken_over_while_the_command_ran_exits_three(servers):
+    """The watchdog has not ticked yet (long ttl), but the release finds the lock gone: exit 3, not 0."""
+    from django.core.management.base import BaseCommand
+
+    from django_redlock import redlock_command
+    from django_redlock.decorators import EXIT_LOST
+
+    other = LockManager(servers.urls, restart_window=0, retry_count=0)
+    taken = []
+
+    @redlock_command(key="takeover", ttl=30)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            get_lock_manager().force_release("takeover")  # an operator, from the admin
+            taken.append(other.acquire("takeover", ttl=5))
+
+    with pytest.raises(CommandError) as info:
+        call_command(Command(), stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == EXIT_LOST
+    assert taken[0].owned(), "the new holder's lock must survive the command's exit"
+    taken[0].release()
+    other.close()
