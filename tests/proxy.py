@@ -1,0 +1,316 @@
+"""A small TCP proxy between the engine and one real redis-server, for fault tests.
+
+It stands in for the *network*: bytes are forwarded unchanged, but a test can
+hold them (keep them and deliver them later, in order), delay them, or let new
+connections through while older ones stay frozen. Held client->server bytes are
+delivered even after the client closed its side: the proxy keeps its upstream
+connection open until the held bytes have been flushed, which is what a late
+TCP retransmission after a network blip looks like to the server.
+
+Use it as a node URL: ``Proxy(server.port).start().url`` is
+``redis://127.0.0.1:<proxy port>/0``. Plain threads and real sockets only.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Proxy"]
+
+_CHUNK = 65536
+
+
+class Pipe:
+    """One proxied connection: client socket <-> upstream socket."""
+
+    def __init__(self, proxy: Proxy, client: socket.socket, upstream: socket.socket, number: int) -> None:
+        self.proxy = proxy
+        self.number = number
+        self.client = client
+        self.upstream = upstream
+        self.client_closed = False
+        self.upstream_closed = False
+        # client -> server
+        self.up_frozen = False  # once a byte is held, every later byte on this pipe is held too (order)
+        self.up_held = bytearray()
+        self.up_forwarded = bytearray()
+        # server -> client
+        self.down_frozen = False
+        self.down_held = bytearray()
+        self.down_seen = bytearray()  # every byte the server sent on this pipe
+
+    def __repr__(self) -> str:
+        return f"<Pipe #{self.number} held={len(self.up_held)}/{len(self.down_held)} closed={self.client_closed}>"
+
+
+class Proxy:
+    """Forward 127.0.0.1:<port> to a real node, with controls to hold, delay and flush bytes.
+
+    Controls (all thread-safe, all per proxy):
+
+    * :meth:`hold_requests` / :meth:`pass_requests`: client->server bytes arriving
+      from now on are held (per connection, in order) / forwarded. A connection
+      that already holds bytes stays frozen until :meth:`flush_requests`, so
+      ``pass_requests()`` lets *new* connections through while old ones wait.
+    * :meth:`hold_replies` / :meth:`pass_replies` / :meth:`flush_replies`: the same
+      for server->client bytes.
+    * ``delay_requests`` / ``delay_replies``: seconds to wait before forwarding
+      each chunk (applied in the pumping thread, so order is kept).
+    * :meth:`wait_held`: block until held client->server bytes satisfy a test.
+    """
+
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(128)
+        self.port: int = self.listener.getsockname()[1]
+        self.pipes: list[Pipe] = []
+        self.cond = threading.Condition()
+        self.holding_requests = False
+        self.holding_replies = False
+        self.delay_requests = 0.0
+        self.delay_replies = 0.0
+        self.closed = False
+        self._threads: list[threading.Thread] = []
+
+    # -- life cycle --------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def url_with(self, userinfo: str) -> str:
+        return f"redis://{userinfo}@127.0.0.1:{self.port}/0"
+
+    def start(self) -> Proxy:
+        self._spawn(self._accept)
+        return self
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            pipes = list(self.pipes)
+            self.cond.notify_all()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        for pipe in pipes:
+            _close(pipe.client)
+            _close(pipe.upstream)
+
+    def __enter__(self) -> Proxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- controls ------------------------------------------------------------
+
+    def hold_requests(self) -> None:
+        with self.cond:
+            self.holding_requests = True
+
+    def pass_requests(self) -> None:
+        """New bytes are forwarded again; connections that hold bytes stay frozen until flushed."""
+        with self.cond:
+            self.holding_requests = False
+
+    def flush_requests(self, wait: bool = True, timeout: float = 5.0) -> None:
+        """Deliver every held client->server byte, in order, and unfreeze those connections.
+
+        With ``wait``, return once the server has answered everything delivered on
+        connections whose client already left (the proxy appends an ``ECHO`` marker
+        there and waits for its reply; nobody else reads those replies).
+        """
+        markers: list[tuple[Pipe, bytes]] = []
+        with self.cond:
+            pipes = [p for p in self.pipes if p.up_frozen]
+            for pipe in pipes:
+                data = bytes(pipe.up_held)
+                pipe.up_held.clear()
+                pipe.up_frozen = False
+                marker = b""
+                if wait and pipe.client_closed:
+                    marker = b"proxy-flushed-%d-%d" % (pipe.number, time.monotonic_ns())
+                    data += b"*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n" % (len(marker), marker)
+                    markers.append((pipe, marker))
+                try:
+                    pipe.upstream.sendall(data)
+                    pipe.up_forwarded += data
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            for pipe, marker in markers:
+                while marker not in pipe.down_seen and not pipe.upstream_closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise AssertionError(f"{pipe}: the server did not answer the flushed bytes")
+                    self.cond.wait(left)
+
+    def hold_replies(self) -> None:
+        with self.cond:
+            self.holding_replies = True
+
+    def pass_replies(self) -> None:
+        with self.cond:
+            self.holding_replies = False
+
+    def flush_replies(self) -> None:
+        """Deliver every held server->client byte, in order, and unfreeze those connections."""
+        with self.cond:
+            for pipe in self.pipes:
+                if not pipe.down_frozen:
+                    continue
+                data = bytes(pipe.down_held)
+                pipe.down_held.clear()
+                pipe.down_frozen = False
+                if not pipe.client_closed:
+                    try:
+                        pipe.client.sendall(data)
+                    except OSError:
+                        pass
+
+    def held_requests(self) -> bytes:
+        with self.cond:
+            return b"".join(bytes(p.up_held) for p in self.pipes)
+
+    def held_replies(self) -> bytes:
+        with self.cond:
+            return b"".join(bytes(p.down_held) for p in self.pipes)
+
+    def wait_held(self, test: Callable[[bytes], bool], timeout: float = 5.0, replies: bool = False) -> None:
+        """Block until the held bytes (all connections, joined) pass ``test``."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                held = b"".join(bytes(p.down_held if replies else p.up_held) for p in self.pipes)
+                if test(held):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"proxy {self.port}: held bytes never matched; held {held[:300]!r}")
+                self.cond.wait(left)
+
+    def connections(self) -> int:
+        with self.cond:
+            return len(self.pipes)
+
+    # -- pumping -------------------------------------------------------------
+
+    def _accept(self) -> None:
+        number = 0
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                _close(client)
+                continue
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            number += 1
+            pipe = Pipe(self, client, upstream, number)
+            with self.cond:
+                if self.closed:
+                    _close(client)
+                    _close(upstream)
+                    return
+                self.pipes.append(pipe)
+            self._spawn(self._pump_up, pipe)
+            self._spawn(self._pump_down, pipe)
+
+    def _pump_up(self, pipe: Pipe) -> None:
+        """client -> server."""
+        while True:
+            try:
+                data = pipe.client.recv(_CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if self.delay_requests:
+                time.sleep(self.delay_requests)  # the fault under test: late delivery
+            with self.cond:
+                if pipe.up_frozen or self.holding_requests:
+                    pipe.up_frozen = True
+                    pipe.up_held += data
+                    self.cond.notify_all()
+                    continue
+                try:
+                    pipe.upstream.sendall(data)
+                    pipe.up_forwarded += data
+                except OSError:
+                    break
+        with self.cond:
+            pipe.client_closed = True
+            keep = pipe.up_frozen
+            self.cond.notify_all()
+        if not keep:
+            # Nothing held: the server sees the client leave, as without a proxy.
+            _shutdown_write(pipe.upstream)
+        # Held bytes: keep the upstream open; flush_requests() delivers them later
+        # and close() ends the connection.
+
+    def _pump_down(self, pipe: Pipe) -> None:
+        """server -> client."""
+        while True:
+            try:
+                data = pipe.upstream.recv(_CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if self.delay_replies:
+                time.sleep(self.delay_replies)
+            with self.cond:
+                pipe.down_seen += data
+                if pipe.down_frozen or self.holding_replies:
+                    pipe.down_frozen = True
+                    pipe.down_held += data
+                    self.cond.notify_all()
+                    continue
+                self.cond.notify_all()
+                if pipe.client_closed:
+                    continue
+                try:
+                    pipe.client.sendall(data)
+                except OSError:
+                    pass
+        with self.cond:
+            pipe.upstream_closed = True
+            self.cond.notify_all()
+        _shutdown_write(pipe.client)
+
+
+def _shutdown_write(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
