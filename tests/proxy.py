@@ -41,6 +41,7 @@ class Pipe:
         self.down_frozen = False
         self.down_held = bytearray()
         self.down_seen = bytearray()  # every byte the server sent on this pipe
+        self.damaged = False  # bytes were lost in a partition
 
     def __repr__(self) -> str:
         return f"<Pipe #{self.number} held={len(self.up_held)}/{len(self.down_held)} closed={self.client_closed}>"
@@ -60,6 +61,8 @@ class Proxy:
     * ``delay_requests`` / ``delay_replies``: seconds to wait before forwarding
       each chunk (applied in the pumping thread, so order is kept).
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
+    * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
+      command went through (everything later is lost, both ways) and its end.
     """
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
@@ -76,6 +79,8 @@ class Proxy:
         self.delay_requests = 0.0
         self.delay_replies = 0.0
         self.closed = False
+        self.cut_pattern: bytes | None = None
+        self.cut = False  # a partition: every byte, both ways, on every connection, is lost
         self._threads: list[threading.Thread] = []
 
     # -- life cycle --------------------------------------------------------
@@ -182,6 +187,31 @@ class Proxy:
                     except OSError:
                         pass
 
+    def cut_after(self, pattern: bytes) -> None:
+        """Arm a partition: right after a client->server chunk containing ``pattern`` has been
+        forwarded, every later byte (both ways, all connections, new ones too) is lost until :meth:`heal`."""
+        with self.cond:
+            self.cut_pattern = pattern
+
+    def wait_cut(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.cut:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"proxy {self.port}: the partition never started")
+                self.cond.wait(left)
+
+    def heal(self) -> None:
+        """End the partition. Connections that lost bytes are reset (as after a real partition)."""
+        with self.cond:
+            self.cut = False
+            self.cut_pattern = None
+            broken = [p for p in self.pipes if p.damaged]
+        for pipe in broken:
+            _close(pipe.client)
+            _close(pipe.upstream)
+
     def held_requests(self) -> bytes:
         with self.cond:
             return b"".join(bytes(p.up_held) for p in self.pipes)
@@ -247,6 +277,9 @@ class Proxy:
             if self.delay_requests:
                 time.sleep(self.delay_requests)  # the fault under test: late delivery
             with self.cond:
+                if self.cut:
+                    pipe.damaged = True
+                    continue
                 if pipe.up_frozen or self.holding_requests:
                     pipe.up_frozen = True
                     pipe.up_held += data
@@ -257,6 +290,10 @@ class Proxy:
                     pipe.up_forwarded += data
                 except OSError:
                     break
+                if self.cut_pattern is not None and self.cut_pattern in data:
+                    self.cut = True
+                    self.cut_pattern = None
+                    self.cond.notify_all()
         with self.cond:
             pipe.client_closed = True
             keep = pipe.up_frozen
@@ -279,6 +316,9 @@ class Proxy:
             if self.delay_replies:
                 time.sleep(self.delay_replies)
             with self.cond:
+                if self.cut:
+                    pipe.damaged = True
+                    continue
                 pipe.down_seen += data
                 if pipe.down_frozen or self.holding_replies:
                     pipe.down_frozen = True

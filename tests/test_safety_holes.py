@@ -358,3 +358,44 @@ def test_majority_pause_longer_than_stale_limit_leaves_nothing_behind(servers):
     finally:
         mgr.close()
         other.close()
+
+
+def test_partition_right_after_the_set_leaves_nothing_behind(servers):
+    """Item 14 with a network partition: the SET NX lands on B and C, the release meant to follow is lost.
+
+    B and C are cut off right after the SET got through (replies and the release are
+    lost); the partition lasts longer than the stale limit, then heals. The manager's
+    next acquire of the same resource must succeed at once, not after the ttl.
+    """
+    a, b, c = servers[0], servers[1], servers[2]
+    with Proxy(b.port) as pb, Proxy(c.port) as pc:
+        mgr = LockManager([a.url, pb.url, pc.url], ttl=10, retry_count=0, retry_delay=0.05, restart_window=0)
+        other = LockManager([a.url, b.url, c.url], ttl=10, retry_count=0, retry_delay=0.05, restart_window=0)
+        try:
+            mgr.acquire("warm-up").release()
+            for proxy in (pb, pc):
+                proxy.cut_after(mgr.key("res").encode())  # the SET NX is the first command on this key
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res", blocking=False)
+            for proxy in (pb, pc):
+                proxy.wait_cut()
+            time.sleep(1.2)  # longer than the stale limit: the engine gives up on those connections
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res", blocking=False)  # during the partition: nothing answers
+            time.sleep(0.3)
+            for proxy in (pb, pc):
+                proxy.heal()
+            acquire_soon(mgr, "res", 1.0).release()
+            # The same for another manager, once the first one made one more call.
+            for proxy in (pb, pc):
+                proxy.cut_after(mgr.key("res2").encode())
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res2", blocking=False)
+            time.sleep(1.5)
+            for proxy in (pb, pc):
+                proxy.heal()
+            mgr.acquire("unrelated", timeout=1.0).release()
+            acquire_soon(other, "res2", 1.0).release()
+        finally:
+            mgr.close()
+            other.close()
