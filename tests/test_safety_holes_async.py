@@ -216,3 +216,52 @@ async def test_partition_right_after_the_set_leaves_nothing_behind(servers):
         finally:
             await mgr.aclose()
             await other.aclose()
+
+
+# -- 7. replies read late on a busy host: the SETs ran, the attempt failed, nothing may stay ---------
+
+
+async def test_replies_read_late_on_a_blocked_loop_leave_no_keys(servers):
+    """Item 13: the loop is blocked right after the SET fan-out went out, longer than node_timeout."""
+    mgr = quick(servers.urls)
+    other = quick(servers.urls)
+    try:
+        await (await mgr.acquire("warm-up")).release()
+        loop = asyncio.get_running_loop()
+        for attempt in range(5):
+            resource = f"busy-{attempt}"
+            loop.call_soon(time.sleep, 0.2)  # a CPU-bound callback queued ahead of the reply readers
+            try:
+                lock = await mgr.acquire(resource, blocking=False)
+            except LockNotAcquired:
+                pass
+            else:
+                await lock.release()
+            await (await mgr.acquire("unrelated")).release()
+            await (await acquire_soon(other, resource, 1.0)).release()
+    finally:
+        await mgr.aclose()
+        await other.aclose()
+
+
+async def test_replies_that_come_late_leave_no_keys(servers):
+    """Item 13 through the network: every reply arrives after node_timeout, the SETs have run."""
+    proxies = [Proxy(server.port).start() for server in servers[:3]]
+    mgr = quick([p.url for p in proxies])
+    other = quick([s.url for s in servers[:3]])
+    try:
+        await (await mgr.acquire("warm-up")).release()
+        for proxy in proxies:
+            proxy.delay_replies = 0.2
+        with pytest.raises(LockNotAcquired, match="nodes answered"):
+            await mgr.acquire("res", blocking=False)  # "only 0 of 3 nodes answered"
+        await asyncio.sleep(0.3)
+        for proxy in proxies:
+            proxy.delay_replies = 0.0
+        await (await mgr.acquire("unrelated", timeout=1.0)).release()
+        await (await acquire_soon(other, "res", 1.0)).release()
+    finally:
+        await mgr.aclose()
+        await other.aclose()
+        for proxy in proxies:
+            proxy.close()
