@@ -134,34 +134,31 @@ class Proxy:
     def flush_requests(self, wait: bool = True, timeout: float = 5.0) -> None:
         """Deliver every held client->server byte, in order, and unfreeze those connections.
 
-        With ``wait``, return once the server has answered everything delivered on
-        connections whose client already left (the proxy appends an ``ECHO`` marker
-        there and waits for its reply; nobody else reads those replies).
+        With ``wait``, return once the server has answered every command delivered
+        so far on those connections (one RESP reply per command), so that their
+        effects are visible to the next client.
         """
-        markers: list[tuple[Pipe, bytes]] = []
+        targets: list[tuple[Pipe, int]] = []
         with self.cond:
-            pipes = [p for p in self.pipes if p.up_frozen]
-            for pipe in pipes:
+            for pipe in [p for p in self.pipes if p.up_frozen]:
                 data = bytes(pipe.up_held)
                 pipe.up_held.clear()
                 pipe.up_frozen = False
-                marker = b""
-                if wait and pipe.client_closed:
-                    marker = b"proxy-flushed-%d-%d" % (pipe.number, time.monotonic_ns())
-                    data += b"*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n" % (len(marker), marker)
-                    markers.append((pipe, marker))
                 try:
                     pipe.upstream.sendall(data)
-                    pipe.up_forwarded += data
                 except OSError:
-                    pass
+                    continue
+                pipe.up_forwarded += data
+                targets.append((pipe, count_resp(bytes(pipe.up_forwarded))))
+        if not wait:
+            return
         deadline = time.monotonic() + timeout
         with self.cond:
-            for pipe, marker in markers:
-                while marker not in pipe.down_seen and not pipe.upstream_closed:
+            for pipe, commands in targets:
+                while count_resp(bytes(pipe.down_seen)) < commands and not pipe.upstream_closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise AssertionError(f"{pipe}: the server did not answer the flushed bytes")
+                        raise AssertionError(f"{pipe}: the server did not answer the flushed commands")
                     self.cond.wait(left)
 
     def hold_replies(self) -> None:
@@ -336,6 +333,42 @@ class Proxy:
             pipe.upstream_closed = True
             self.cond.notify_all()
         _shutdown_write(pipe.client)
+
+
+def count_resp(data: bytes) -> int:
+    """How many complete top-level RESP2 values (commands or replies) ``data`` holds."""
+    count = 0
+    pos = 0
+    while True:
+        after = _skip_resp(data, pos)
+        if after is None:
+            return count
+        count += 1
+        pos = after
+
+
+def _skip_resp(data: bytes, pos: int) -> int | None:
+    end = data.find(b"\r\n", pos)
+    if end < 0 or pos >= len(data):
+        return None
+    kind = data[pos : pos + 1]
+    after = end + 2
+    if kind in (b"+", b"-", b":"):
+        return after
+    if kind == b"$":
+        size = int(data[pos + 1 : end])
+        if size < 0:
+            return after
+        return after + size + 2 if len(data) >= after + size + 2 else None
+    if kind == b"*":
+        items = int(data[pos + 1 : end])
+        for _ in range(max(items, 0)):
+            nxt = _skip_resp(data, after)
+            if nxt is None:
+                return None
+            after = nxt
+        return after
+    return after  # an inline command (e.g. "PING\r\n")
 
 
 def _shutdown_write(sock: socket.socket) -> None:

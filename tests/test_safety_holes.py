@@ -213,7 +213,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
             [a.url, pb.url, pc.url], ttl=5, retry_count=1, retry_delay=1.5, retry_jitter=0, restart_window=0
         )
         other = LockManager([a.url, b.url, c.url], ttl=5, retry_count=0, restart_window=0)
-        key = mgr.key("res")
+        key = mgr.key("stale-sync")
         raw(a).set(key, "someone-else", px=10_000)  # A refuses attempt 1
         pb.hold_requests()
         pc.hold_requests()  # B and C: attempt 1's bytes are stuck in the network
@@ -232,7 +232,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
         helper = threading.Thread(target=network_recovers)
         helper.start()
         try:
-            lock = mgr.acquire("res")  # attempt 2 (after the stale limit) wins on A, B, C
+            lock = mgr.acquire("stale-sync")  # attempt 2 (after the stale limit) wins on A, B, C
         finally:
             helper.join()
         assert not stage_error, stage_error
@@ -240,7 +240,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
             assert lock.locked()
             for proxy in (pb, pc):
                 proxy.flush_requests()  # attempt 1's SET NX and release finally reach B and C
-            assert_not_acquired(other, "res", lock)
+            assert_not_acquired(other, "stale-sync", lock)
             assert lock.locked()
             lock.release()
         finally:

@@ -56,7 +56,7 @@ async def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
     with Proxy(b.port) as pb, Proxy(c.port) as pc:
         mgr = quick([a.url, pb.url, pc.url], ttl=5, retry_count=1, retry_delay=1.5)
         other = quick([a.url, b.url, c.url], ttl=5)
-        key = mgr.key("res")
+        key = mgr.key("stale-async")
         raw(a).set(key, "someone-else", px=10_000)  # A refuses attempt 1
         pb.hold_requests()
         pc.hold_requests()
@@ -69,11 +69,11 @@ async def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
                 proxy.pass_requests()  # new connections get through; the old ones stay stuck
 
         try:
-            lock, _ = await asyncio.gather(mgr.acquire("res"), asyncio.to_thread(network_recovers))
+            lock, _ = await asyncio.gather(mgr.acquire("stale-async"), asyncio.to_thread(network_recovers))
             assert lock.locked()
             for proxy in (pb, pc):
                 await asyncio.to_thread(proxy.flush_requests)  # attempt 1's SET NX and release arrive
-            await assert_not_acquired(other, "res", lock)
+            await assert_not_acquired(other, "stale-async", lock)
             assert lock.locked()
             await lock.release()
         finally:
