@@ -41,6 +41,7 @@ class Pipe:
         self.down_frozen = False
         self.down_held = bytearray()
         self.down_seen = bytearray()  # every byte the server sent on this pipe
+        self.damaged = False  # bytes were lost in a partition
 
     def __repr__(self) -> str:
         return f"<Pipe #{self.number} held={len(self.up_held)}/{len(self.down_held)} closed={self.client_closed}>"
@@ -60,6 +61,8 @@ class Proxy:
     * ``delay_requests`` / ``delay_replies``: seconds to wait before forwarding
       each chunk (applied in the pumping thread, so order is kept).
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
+    * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
+      command went through (everything later is lost, both ways) and its end.
     """
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
@@ -76,6 +79,8 @@ class Proxy:
         self.delay_requests = 0.0
         self.delay_replies = 0.0
         self.closed = False
+        self.cut_pattern: bytes | None = None
+        self.cut = False  # a partition: every byte, both ways, on every connection, is lost
         self._threads: list[threading.Thread] = []
 
     # -- life cycle --------------------------------------------------------
@@ -129,34 +134,31 @@ class Proxy:
     def flush_requests(self, wait: bool = True, timeout: float = 5.0) -> None:
         """Deliver every held client->server byte, in order, and unfreeze those connections.
 
-        With ``wait``, return once the server has answered everything delivered on
-        connections whose client already left (the proxy appends an ``ECHO`` marker
-        there and waits for its reply; nobody else reads those replies).
+        With ``wait``, return once the server has answered every command delivered
+        so far on those connections (one RESP reply per command), so that their
+        effects are visible to the next client.
         """
-        markers: list[tuple[Pipe, bytes]] = []
+        targets: list[tuple[Pipe, int]] = []
         with self.cond:
-            pipes = [p for p in self.pipes if p.up_frozen]
-            for pipe in pipes:
+            for pipe in [p for p in self.pipes if p.up_frozen]:
                 data = bytes(pipe.up_held)
                 pipe.up_held.clear()
                 pipe.up_frozen = False
-                marker = b""
-                if wait and pipe.client_closed:
-                    marker = b"proxy-flushed-%d-%d" % (pipe.number, time.monotonic_ns())
-                    data += b"*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n" % (len(marker), marker)
-                    markers.append((pipe, marker))
                 try:
                     pipe.upstream.sendall(data)
-                    pipe.up_forwarded += data
                 except OSError:
-                    pass
+                    continue
+                pipe.up_forwarded += data
+                targets.append((pipe, count_resp(bytes(pipe.up_forwarded))))
+        if not wait:
+            return
         deadline = time.monotonic() + timeout
         with self.cond:
-            for pipe, marker in markers:
-                while marker not in pipe.down_seen and not pipe.upstream_closed:
+            for pipe, commands in targets:
+                while count_resp(bytes(pipe.down_seen)) < commands and not pipe.upstream_closed:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise AssertionError(f"{pipe}: the server did not answer the flushed bytes")
+                        raise AssertionError(f"{pipe}: the server did not answer the flushed commands")
                     self.cond.wait(left)
 
     def hold_replies(self) -> None:
@@ -181,6 +183,31 @@ class Proxy:
                         pipe.client.sendall(data)
                     except OSError:
                         pass
+
+    def cut_after(self, pattern: bytes) -> None:
+        """Arm a partition: right after a client->server chunk containing ``pattern`` has been
+        forwarded, every later byte (both ways, all connections, new ones too) is lost until :meth:`heal`."""
+        with self.cond:
+            self.cut_pattern = pattern
+
+    def wait_cut(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.cut:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"proxy {self.port}: the partition never started")
+                self.cond.wait(left)
+
+    def heal(self) -> None:
+        """End the partition. Connections that lost bytes are reset (as after a real partition)."""
+        with self.cond:
+            self.cut = False
+            self.cut_pattern = None
+            broken = [p for p in self.pipes if p.damaged]
+        for pipe in broken:
+            _close(pipe.client)
+            _close(pipe.upstream)
 
     def held_requests(self) -> bytes:
         with self.cond:
@@ -247,6 +274,9 @@ class Proxy:
             if self.delay_requests:
                 time.sleep(self.delay_requests)  # the fault under test: late delivery
             with self.cond:
+                if self.cut:
+                    pipe.damaged = True
+                    continue
                 if pipe.up_frozen or self.holding_requests:
                     pipe.up_frozen = True
                     pipe.up_held += data
@@ -257,6 +287,10 @@ class Proxy:
                     pipe.up_forwarded += data
                 except OSError:
                     break
+                if self.cut_pattern is not None and self.cut_pattern in data:
+                    self.cut = True
+                    self.cut_pattern = None
+                    self.cond.notify_all()
         with self.cond:
             pipe.client_closed = True
             keep = pipe.up_frozen
@@ -279,6 +313,9 @@ class Proxy:
             if self.delay_replies:
                 time.sleep(self.delay_replies)
             with self.cond:
+                if self.cut:
+                    pipe.damaged = True
+                    continue
                 pipe.down_seen += data
                 if pipe.down_frozen or self.holding_replies:
                     pipe.down_frozen = True
@@ -296,6 +333,42 @@ class Proxy:
             pipe.upstream_closed = True
             self.cond.notify_all()
         _shutdown_write(pipe.client)
+
+
+def count_resp(data: bytes) -> int:
+    """How many complete top-level RESP2 values (commands or replies) ``data`` holds."""
+    count = 0
+    pos = 0
+    while True:
+        after = _skip_resp(data, pos)
+        if after is None:
+            return count
+        count += 1
+        pos = after
+
+
+def _skip_resp(data: bytes, pos: int) -> int | None:
+    end = data.find(b"\r\n", pos)
+    if end < 0 or pos >= len(data):
+        return None
+    kind = data[pos : pos + 1]
+    after = end + 2
+    if kind in (b"+", b"-", b":"):
+        return after
+    if kind == b"$":
+        size = int(data[pos + 1 : end])
+        if size < 0:
+            return after
+        return after + size + 2 if len(data) >= after + size + 2 else None
+    if kind == b"*":
+        items = int(data[pos + 1 : end])
+        for _ in range(max(items, 0)):
+            nxt = _skip_resp(data, after)
+            if nxt is None:
+                return None
+            after = nxt
+        return after
+    return after  # an inline command (e.g. "PING\r\n")
 
 
 def _shutdown_write(sock: socket.socket) -> None:

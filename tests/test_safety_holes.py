@@ -213,7 +213,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
             [a.url, pb.url, pc.url], ttl=5, retry_count=1, retry_delay=1.5, retry_jitter=0, restart_window=0
         )
         other = LockManager([a.url, b.url, c.url], ttl=5, retry_count=0, restart_window=0)
-        key = mgr.key("res")
+        key = mgr.key("stale-sync")
         raw(a).set(key, "someone-else", px=10_000)  # A refuses attempt 1
         pb.hold_requests()
         pc.hold_requests()  # B and C: attempt 1's bytes are stuck in the network
@@ -232,7 +232,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
         helper = threading.Thread(target=network_recovers)
         helper.start()
         try:
-            lock = mgr.acquire("res")  # attempt 2 (after the stale limit) wins on A, B, C
+            lock = mgr.acquire("stale-sync")  # attempt 2 (after the stale limit) wins on A, B, C
         finally:
             helper.join()
         assert not stage_error, stage_error
@@ -240,7 +240,7 @@ def test_stale_release_of_an_earlier_attempt_spares_the_winner(servers):
             assert lock.locked()
             for proxy in (pb, pc):
                 proxy.flush_requests()  # attempt 1's SET NX and release finally reach B and C
-            assert_not_acquired(other, "res", lock)
+            assert_not_acquired(other, "stale-sync", lock)
             assert lock.locked()
             lock.release()
         finally:
@@ -358,3 +358,44 @@ def test_majority_pause_longer_than_stale_limit_leaves_nothing_behind(servers):
     finally:
         mgr.close()
         other.close()
+
+
+def test_partition_right_after_the_set_leaves_nothing_behind(servers):
+    """Item 14 with a network partition: the SET NX lands on B and C, the release meant to follow is lost.
+
+    B and C are cut off right after the SET got through (replies and the release are
+    lost); the partition lasts longer than the stale limit, then heals. The manager's
+    next acquire of the same resource must succeed at once, not after the ttl.
+    """
+    a, b, c = servers[0], servers[1], servers[2]
+    with Proxy(b.port) as pb, Proxy(c.port) as pc:
+        mgr = LockManager([a.url, pb.url, pc.url], ttl=10, retry_count=0, retry_delay=0.05, restart_window=0)
+        other = LockManager([a.url, b.url, c.url], ttl=10, retry_count=0, retry_delay=0.05, restart_window=0)
+        try:
+            mgr.acquire("warm-up").release()
+            for proxy in (pb, pc):
+                proxy.cut_after(mgr.key("res").encode())  # the SET NX is the first command on this key
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res", blocking=False)
+            for proxy in (pb, pc):
+                proxy.wait_cut()
+            time.sleep(1.2)  # longer than the stale limit: the engine gives up on those connections
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res", blocking=False)  # during the partition: nothing answers
+            time.sleep(0.3)
+            for proxy in (pb, pc):
+                proxy.heal()
+            acquire_soon(mgr, "res", 1.0).release()
+            # The same for another manager, once the first one made one more call.
+            for proxy in (pb, pc):
+                proxy.cut_after(mgr.key("res2").encode())
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("res2", blocking=False)
+            time.sleep(1.5)
+            for proxy in (pb, pc):
+                proxy.heal()
+            mgr.acquire("unrelated", timeout=1.0).release()
+            acquire_soon(other, "res2", 1.0).release()
+        finally:
+            mgr.close()
+            other.close()
