@@ -169,9 +169,11 @@ def test_young_nodes_that_deny_info_do_not_vote(no_info_servers):
         else:
             lock.release()
             pytest.fail("three young nodes that deny INFO voted: their restart state is unknown")
-        for name in mgr.nodes:
-            reason = info.failures[name]
-            assert "restart state unknown" in reason and "INFO" in reason, reason
+        reasons = [info.failures[name] for name in mgr.nodes]
+        denied = [r for r in reasons if "restart state unknown" in r and "INFO" in r]
+        # Once two refused, the outcome is known and the third reply may not be awaited.
+        assert len(denied) >= 2, reasons
+        assert all(r in denied or r.startswith("not awaited") for r in reasons), reasons
     finally:
         mgr.close()
 

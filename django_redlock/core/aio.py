@@ -27,15 +27,8 @@ from django_redlock.core import base, ledger
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
-from django_redlock.core.nodes import (
-    MAX_PENDING,
-    Failure,
-    Node,
-    NodeUnavailable,
-    describe,
-    pack,
-    script_command,
-)
+from django_redlock.core.nodes import Node, describe, pack, script_command
+from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
 
@@ -45,152 +38,126 @@ __all__ = ["AsyncLock", "AsyncLockManager"]
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
+class AConn(ConnState):
+    """A redis.asyncio connection with the books' per-connection state and its reader task."""
+
+    __slots__ = ("conn", "reader")
+
+    def __init__(self, conn: Any) -> None:
+        super().__init__()
+        self.conn = conn
+        self.reader: asyncio.Task[None] | None = None
+
+    def healthy(self) -> bool:
+        """An idle connection has nothing to read; EOF or stray bytes mean it is unusable."""
+        reader = getattr(self.conn, "_reader", None)
+        return reader is not None and not reader.at_eof() and not reader._buffer
+
+
 class AsyncNode:
-    """One node's asyncio connections (per event loop, fork-aware)."""
+    """One node's asyncio connections and books (per event loop, fork-aware)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.name = node.name
         self.node_timeout = node.node_timeout
+        self.books = NodeBooks(node.name, node.node_timeout, node.fsync_always)
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
         kwargs.pop("connection_class", None)
         # Replies left behind by an early decision are read in the background for
-        # up to stale_limit; the fan-out itself waits only node_timeout.
-        kwargs["socket_timeout"] = node.stale_limit
+        # up to the stale limit; a fan-out itself waits only node_timeout.
+        kwargs["socket_timeout"] = self.books.stale_limit
         self.kwargs = kwargs
         self.connection_class = _async_class(node)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
-        self._idle: list[Any] = []
-        self._busy: dict[Any, float] = {}  # connection with replies pending -> last progress
-        self._down_until = 0.0
-        self._down_reason = ""
 
     def _check_loop(self) -> None:
         loop = asyncio.get_running_loop()
         if loop is not self._loop or os.getpid() != self._pid:
             # Connections belong to one loop (and one process): start afresh.
             if os.getpid() == self._pid:
-                for conn in [*self._idle, *self._busy]:
-                    _abandon(conn)
+                for aconn in self._conns():
+                    _abandon(aconn.conn)
             self._loop = loop
             self._pid = os.getpid()
-            self._idle = []
-            self._busy = {}
-            self._down_until = 0.0
+            self.books.reset()
 
-    def lagging(self) -> bool:
-        now = time.monotonic()
-        return any(conn.expect and now - since > self.node_timeout for conn, since in self._busy.items())
+    def _conns(self) -> list[AConn]:
+        return [conn for conn, _ in self.books.idle] + list(self.books.parked)
 
-    def busy_for(self, key: str) -> tuple[Any, float] | None:
-        """A connection that still carries a command for ``key``, and since when."""
-        for conn, since in self._busy.items():
-            if len(conn.expect) < MAX_PENDING and any(e.key == key for e in conn.expect):
-                return conn, since
-        return None
-
-    def ready(self, allow_lagging: bool) -> Any:
-        """An idle connection, or None when a new one must be made. Raises when the node is skipped."""
-        if not allow_lagging and self.lagging():
-            raise NodeUnavailable(f"no reply to an earlier command for over {self.node_timeout * 1000:.0f} ms")
-        if time.monotonic() < self._down_until:
-            raise NodeUnavailable(self._down_reason)
-        while self._idle:
-            conn = self._idle.pop()
-            reader = getattr(conn, "_reader", None)
-            if reader is not None and not reader.at_eof() and not reader._buffer:
-                return conn
-            asyncio.ensure_future(_adisconnect(conn))  # closed by the server: make a new one
-        return None
-
-    async def connect(self) -> Any:
+    async def connect(self) -> AConn:
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             await asyncio.wait_for(conn.connect(), self.node_timeout)
         except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
-            reason = self.node.redact(describe(exc, self.node_timeout))
-            self._down_until = time.monotonic() + 0.5
-            self._down_reason = reason
             if conn is not None:
                 await _adisconnect(conn)
-            raise NodeUnavailable(reason) from None
-        conn.expect = deque()
-        conn.restart = None  # learnt from the probe sent with the first vote
-        conn.probe_replies = []
-        conn.probing = False
-        conn.redlock_reader = None
-        return conn
+            raise NodeUnavailable(self.node.redact(describe(exc, self.node_timeout))) from None
+        return AConn(conn)
 
-    def send(self, conn: Any, wire: bytes, mine: ledger.Entry, window: float, now: float) -> None:
-        """Write a command (with debts and probe), and make sure a reader books its replies."""
-        data = self.node.prepare(conn, wire, mine, window, now)
-        conn._writer.write(data)
-        self._busy.setdefault(conn, now)
-        if conn.redlock_reader is None:
-            conn.redlock_reader = asyncio.ensure_future(_reader(self, conn))
+    def write(self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes]) -> None:
+        if len(commands) == 1:
+            data = packed.get(commands[0])
+            if data is None:
+                data = packed[commands[0]] = pack(commands[0])  # the same command usually goes to every node
+        else:
+            data = b"".join(pack(c) for c in commands)
+        aconn.conn._writer.write(data)
+        if aconn.reader is None:
+            aconn.reader = asyncio.ensure_future(_reader(self, aconn))
 
-    def drop(self, conn: Any, reason: str = "connection lost") -> None:
-        self._busy.pop(conn, None)
-        for entry in conn.expect:
-            _answer(entry, Failure(reason))
-        self.node.drop(conn, time.monotonic(), close=False)
-        asyncio.ensure_future(_adisconnect(conn))
-
-    def checkin(self, conn: Any) -> None:
-        if os.getpid() == self._pid:
-            self._idle.append(conn)
+    def drop(self, aconn: AConn, reason: str) -> None:
+        """The connection broke: tell the rounds waiting on it, let the books drop it, close it."""
+        now = time.monotonic()
+        for entry in list(aconn.expect):
+            if entry.waiter is not None:
+                entry.waiter.take(entry, Failure(reason), now)
+        self.books.drop(aconn, now)
+        asyncio.ensure_future(_adisconnect(aconn.conn))
 
     async def close(self) -> None:
-        conns = list(self._idle) + list(self._busy)
-        for conn in self._busy:
-            if conn.redlock_reader is not None:
-                conn.redlock_reader.cancel()
-        self._idle, self._busy = [], {}
-        for conn in conns:
-            self.node.drop(conn, time.monotonic(), close=False)
-            await _adisconnect(conn)
+        conns = self._conns()
+        now = time.monotonic()
+        for aconn in conns:
+            if aconn.reader is not None:
+                aconn.reader.cancel()
+            self.books.drop(aconn, now)
+        self.books.idle.clear()
+        for aconn in conns:
+            await _adisconnect(aconn.conn)
 
 
-def _answer(entry: ledger.Entry, reply: Any) -> None:
-    waiter = entry.waiter
-    if waiter is not None and not waiter.done():
-        waiter.set_result(reply)
-
-
-async def _reader(anode: AsyncNode, conn: Any) -> None:
-    """Read and book every reply on ``conn`` while entries are pending; then free it."""
-    node = anode.node
+async def _reader(anode: AsyncNode, aconn: AConn) -> None:
+    """Read and book every reply on ``aconn`` while entries are pending; then it is idle again."""
+    books = anode.books
     try:
-        while conn.expect:
+        while aconn.expect:
             try:
-                reply = await conn.read_response(timeout=None)  # socket timeout: the stale limit
+                reply = await aconn.conn.read_response(timeout=None)  # socket timeout: the stale limit
             except ResponseError as exc:
                 reply = exc
-            entry = conn.expect.popleft()
             now = time.monotonic()
-            node.book(conn, entry, reply, now)
-            if anode._busy.get(conn) is not None:
-                anode._busy[conn] = now
-            if isinstance(reply, NoScriptError) and entry.retry is not None:
-                again = ledger.after_noscript(entry)
-                assert again is not None
-                conn._writer.write(entry.retry)  # the node forgot the script: send its source once
-                conn.expect.append(again)
-                continue
-            _answer(entry, reply)
-    except BaseException as exc:  # noqa: BLE001 - timeout, lost connection, close(): drop it
-        conn.redlock_reader = None
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-        anode.drop(conn, node.redact(describe(exc, anode.node_timeout)))
+            entry, resend = books.read(aconn, reply, now)
+            if aconn in books.parked:
+                books.parked[aconn] = now  # progress
+            if resend is not None:
+                aconn.conn._writer.write(pack(resend))
+            elif entry.waiter is not None:
+                entry.waiter.take(entry, reply, now)
+    except asyncio.CancelledError:
+        aconn.reader = None
+        raise
+    except BaseException as exc:  # noqa: BLE001 - timeout, lost connection: drop it
+        aconn.reader = None
+        anode.drop(aconn, anode.node.redact(describe(exc, anode.node_timeout)))
         return
-    conn.redlock_reader = None
-    anode._busy.pop(conn, None)
-    anode.checkin(conn)
+    aconn.reader = None
+    books.parked.pop(aconn, None)
+    books.checkin(aconn, 0.0, time.monotonic())
 
 
 def _async_class(node: Node) -> type:
@@ -224,7 +191,7 @@ def _keep_when_connected(anode: AsyncNode, task: asyncio.Task[Any]) -> None:
 
     def after(done: asyncio.Task[Any]) -> None:
         if not done.cancelled() and done.exception() is None:
-            anode.checkin(done.result())
+            anode.books.checkin(done.result(), 0.0, time.monotonic())
 
     task.add_done_callback(after)
 
@@ -241,120 +208,92 @@ async def afanout(
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
+    owe: tuple[str, str, float] | None = None,
 ) -> list[Any]:
-    """The asyncio version of :func:`django_redlock.core.nodes.fanout`."""
-    results: list[Any] = [None] * len(anodes)
-    started = time.monotonic()
+    """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
+    for anode in anodes:
+        anode._check_loop()
+    now = time.monotonic()
     loop = asyncio.get_running_loop()
-    is_release = script is RELEASE
+    rnd = Round(
+        [anode.books for anode in anodes],
+        commands,
+        now=now,
+        timeout=timeout,
+        done=done,
+        script=script,
+        ordered_after_key=ordered_after_key,
+        allow_lagging=allow_lagging,
+        restart_window=restart_window,
+        timings=timings,
+        owe=owe,
+    )
+    wake: list[asyncio.Future[None]] = [loop.create_future()]
+
+    def on_reply() -> None:
+        if not wake[0].done():
+            wake[0].set_result(None)
+
+    rnd.on_reply = on_reply
     packed: dict[Any, bytes] = {}
-    conns: dict[int, Any] = {}
-    mine: dict[int, ledger.Entry] = {}
-    connecting: dict[int, asyncio.Task[Any]] = {}
 
-    def write(i: int, conn: Any, command: tuple[Any, ...], wait: bool) -> None:
+    def write(i: int, aconn: AConn, since: float | None) -> None:
         anode = anodes[i]
-        wire = packed.get(command)
-        if wire is None:
-            wire = packed[command] = pack(command)  # the same command usually goes to every node
-        retry = None
-        if script is not None and command[0] == "EVALSHA":
-            retry = pack(("EVAL", script.source, *command[2:]))
-        entry = ledger.entry_for(command, is_release, loop.create_future() if wait else None, retry)
+        wire = rnd.write(i, aconn, since, now)
+        error = None
         try:
-            anode.send(conn, wire, entry, restart_window, started)
-        except Exception as exc:  # noqa: BLE001 - the connection is broken: drop it
-            results[i] = Failure(anode.node.redact(describe(exc, anode.node_timeout)))
-            anode.drop(conn)
-            return
-        if wait:
-            conns[i], mine[i] = conn, entry
+            anode.write(aconn, wire, packed)
+        except Exception as exc:  # noqa: BLE001 - the connection is broken
+            error = anode.node.redact(describe(exc, anode.node_timeout))
+            asyncio.ensure_future(_adisconnect(aconn.conn))
+        if rnd.written(i, aconn, since, now, error) and aconn not in anode.books.parked:
+            anode.books.parked[aconn] = since if since is not None else now
 
+    connecting: dict[int, asyncio.Task[AConn]] = {}
     try:
-        for i, (anode, command) in enumerate(zip(anodes, commands)):
-            if command is None:
-                results[i] = Failure("skipped")
-                continue
-            anode._check_loop()
-            if ordered_after_key is not None:
-                busy = anode.busy_for(ordered_after_key)
-                if busy is not None:
-                    conn, since = busy
-                    if script is not None and command[0] == "EVALSHA":
-                        command = ("EVAL", script.source, *command[2:])  # a late NOSCRIPT would not be retried
-                    overdue = started - since > anode.node_timeout
-                    write(i, conn, command, wait=not overdue)
-                    if overdue and results[i] is None:
-                        results[i] = Failure("queued behind an unanswered command")
+        for i, anode in enumerate(anodes):
+            while True:
+                choice = rnd.choose(i, now)
+                if choice is None:
+                    break
+                kind, aconn, since = choice
+                if kind == NEW:
+                    connecting[i] = asyncio.ensure_future(anode.connect())
+                elif kind == PARKED or aconn.healthy():
+                    write(i, aconn, since if kind == PARKED else None)
+                else:
+                    asyncio.ensure_future(_adisconnect(aconn.conn))  # closed by the server: try again
                     continue
-            try:
-                conn = anode.ready(allow_lagging)
-            except NodeUnavailable as exc:
-                results[i] = Failure(str(exc))
-                continue
-            if conn is None:
-                connecting[i] = asyncio.ensure_future(anode.connect())
-            else:
-                write(i, conn, command, wait=True)
+                break
         if connecting:
             await asyncio.wait(connecting.values())
+            now = time.monotonic()
             for i, task in connecting.items():
                 exc = task.exception()
                 if exc is not None:
-                    results[i] = Failure(str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout))
+                    rnd.connect_failed(i, str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout), now)
                 else:
-                    write(i, task.result(), commands[i], wait=True)  # type: ignore[arg-type]
+                    write(i, task.result(), None)
             connecting = {}
-        deadline = time.monotonic() + timeout
-        waiting = {mine[i].waiter: i for i in mine}
-        while waiting and not (done is not None and done(results)):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        rnd.start(time.monotonic())
+        while True:
+            wait = rnd.wait_time(time.monotonic())
+            if wait is None:
                 break
-            finished, _ = await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            for future in finished:
-                i = waiting.pop(future)
-                _settle(anodes[i], conns[i], future.result(), i, results, timings, started, restart_window)
-        for future, i in list(waiting.items()):
-            if future.done():
-                del waiting[future]
-                _settle(anodes[i], conns[i], future.result(), i, results, timings, started, restart_window)
-        late = time.monotonic() - started >= min(a.node_timeout for a in anodes)
-        decided = done is not None and done(results)
-        for future, i in waiting.items():
-            mine[i].waiter = None  # the reader books it when it comes
-            if decided and not late:
-                results[i] = Failure("not awaited: the outcome was already known", answered=True)
-            else:
-                results[i] = Failure(f"no reply within {anodes[i].node_timeout * 1000:.0f} ms")
+            if wake[0].done():
+                wake[0] = loop.create_future()
+            if wait == 0.0:
+                await asyncio.sleep(0)  # the outcome is known: let replies already here be read
+                continue
+            await asyncio.wait(wake, timeout=wait)
     except BaseException:
         # Cancelled: readers keep reading and booking; connects finish into the pool.
-        for entry in mine.values():
-            entry.waiter = None
+        rnd.finish(time.monotonic())
         for i, task in connecting.items():
             _keep_when_connected(anodes[i], task)
         raise
-    return results
-
-
-def _settle(
-    anode: AsyncNode,
-    conn: Any,
-    reply: Any,
-    i: int,
-    results: list[Any],
-    timings: list[float | None] | None,
-    started: float,
-    window: float,
-) -> None:
-    if isinstance(reply, Failure):
-        results[i] = reply
-    elif isinstance(reply, ResponseError):
-        results[i] = Failure(anode.node.redact(describe(reply, anode.node_timeout)), answered=True)
-    else:
-        results[i] = (window > 0 and anode.node.vote_failure(conn, window)) or reply
-        if timings is not None:
-            timings[i] = time.monotonic() - started
+    rnd.finish(time.monotonic())
+    return rnd.results
 
 
 class AsyncLock(LockBase):
@@ -640,15 +579,14 @@ class AsyncLockManager(ManagerBase):
     # -- internals used by AsyncLock -------------------------------------
 
     def _release_on_every_node(self, key: str, value: str, ttl: float | None) -> Any:
-        """Owe the release on every node, then return the fan-out that pays it (a coroutine)."""
-        for node in self.node_list:
-            node.owe(key, value, ttl or self.config.max_ttl)  # paid on next use if no release gets through
+        """The fan-out that releases ``value`` (a coroutine); its first step owes the release on every node."""
         command = script_command(RELEASE, [key], [value])
         return self._fanout(
             [command] * len(self.node_list),
             script=RELEASE,
             ordered_after_key=key,
             allow_lagging=False,
+            owe=(key, value, ttl or self.config.max_ttl),
         )
 
     def _start_release(self, key: str, value: str, ttl: float | None = None) -> None:

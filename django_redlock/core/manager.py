@@ -185,8 +185,6 @@ class LockManager(ManagerBase):
     def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
         nodes = self.node_list
-        for node in nodes:
-            node.owe(key, value, ttl or self.config.max_ttl)
         command = script_command(RELEASE, [key], [value])
         return fanout(
             nodes,
@@ -196,6 +194,7 @@ class LockManager(ManagerBase):
             keys=[key],
             ordered_after_key=key,
             allow_lagging=False,
+            owe=(key, value, ttl or self.config.max_ttl),
         )
 
     def _retry_after(self, key: str) -> float | None:

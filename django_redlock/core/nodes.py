@@ -46,41 +46,27 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core import ledger
-from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for, parse_info
-from django_redlock.core.scripts import RELEASE, Script
+from django_redlock.core.ledger import parse_info
+from django_redlock.core.rounds import (
+    IDLE_CHECK,
+    MAX_PENDING,
+    NEW,
+    PARKED,
+    ConnState,
+    Failure,
+    NodeBooks,
+    NodeUnavailable,
+    Round,
+)
+from django_redlock.core.scripts import Script
 
-__all__ = ["Failure", "Node", "NodeSpec", "fanout", "parse_nodes"]
+__all__ = ["MAX_PENDING", "Failure", "Node", "NodeSpec", "NodeUnavailable", "fanout", "parse_info", "parse_nodes"]
 
 logger = logging.getLogger("django_redlock")
 
 SCHEMES = ("redis", "rediss", "unix")
 
-#: A node whose earlier reply is overdue by this long is dropped and reconnected.
-STALE_LIMIT_MIN = 1.0
-#: After a failed connect, leave the node alone this long.
-COOL_OFF = 0.5
-#: Idle connections older than this are checked for a close by the server before use.
-IDLE_CHECK = 0.5
-#: At most this many unread replies are queued on one parked connection.
-MAX_PENDING = 256
-
 NodeSpec = Any  # str URL | redis.Redis | Mapping with "URL"/"OPTIONS"
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a node did not give a usable reply (never contains credentials)."""
-
-    reason: str
-    answered: bool = False  # the node answered (e.g. with an error), it is not down
-
-    def __str__(self) -> str:
-        return self.reason
-
-
-class NodeUnavailable(Exception):
-    pass
 
 
 def _redact(text: str, secrets: Sequence[str]) -> str:
@@ -199,9 +185,7 @@ class Node:
         self.path = kwargs.get("path")
         self.db = int(kwargs.get("db") or 0)
         self.node_timeout = node_timeout
-        #: Declared to fsync every write: votes at once after a restart, never probed.
-        self.fsync_always = bool(fsync_always)
-        self.stale_limit = max(STALE_LIMIT_MIN, 20 * node_timeout)
+        self._fsync_always = bool(fsync_always)
         self._secrets = [s for s in secrets if s]
         self._mutex = threading.Lock()
         self._reset()
@@ -211,24 +195,26 @@ class Node:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"node {self.name}: invalid connection options: {self.redact(str(exc))}") from None
 
+    @property
+    def stale_limit(self) -> float:
+        return self.books.stale_limit
+
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._idle: deque[Any] = deque()
-        # parked connections (entries still unanswered) -> when the last reply was read or the oldest sent
-        self._parked: dict[Any, float] = {}
-        self._down_until = 0.0
-        self._down_reason = ""
-        self._books = threading.Lock()  # guards the ledger (never held during I/O)
-        self.ledger = Ledger()
-        #: The last restart state a probe learned (for status and logs).
-        self.restart: Restart | None = None
-        self._denied_warned = False
-        self.announced = ""  # run id of the restart last logged
+        #: The core's books for this node: connections, restart knowledge, release debts.
+        self.books = NodeBooks(self.name, self.node_timeout, self.fsync_always)
+
+    @property
+    def fsync_always(self) -> bool:
+        """Declared to fsync every write: votes at once after a restart, never probed."""
+        return self._fsync_always
+
+    @fsync_always.setter
+    def fsync_always(self, value: bool) -> None:
+        self._fsync_always = self.books.fsync_always = bool(value)
 
     def __repr__(self) -> str:
         return f"<Node {self.name}>"
-
-    # -- connections -------------------------------------------------------
 
     def redact(self, text: str) -> str:
         return _redact(text, self._secrets)
@@ -240,159 +226,72 @@ class Node:
                     self._reset()  # the parent's sockets are not ours to use
 
     def _drain_parked(self, now: float) -> None:
-        """Read and book late replies that already arrived; drop connections overdue too long."""
-        for conn, since in list(self._parked.items()):
+        """Read and book late replies that already arrived; the books drop connections overdue too long."""
+        books = self.books
+        for conn, since in list(books.parked.items()):
             try:
                 while conn.expect and conn.can_read(0):
-                    read_booked(self, conn)
+                    read_booked(books, conn, now)
                     since = now
             except (RedisError, OSError, ValueError):
-                self._parked.pop(conn, None)
-                self.drop(conn, now)
+                books.drop(conn, now)
+                _disconnect(conn)
                 continue
-            if not conn.expect:
-                self._parked.pop(conn, None)
-                self._idle.append((conn, now))
-            elif now - since > self.stale_limit:
-                self._parked.pop(conn, None)
-                self.drop(conn, now)
-            else:
-                self._parked[conn] = since
+            if not books.after_drain(conn, since, now):
+                _disconnect(conn)
 
-    # -- books -------------------------------------------------------------
-
-    def book(self, conn: Any, entry: Entry, reply: Any, now: float) -> None:
-        """Book one reply read from ``conn`` (whoever waits for it)."""
-        kind = entry.kind
-        if kind == ledger.RELEASE:
-            with self._books:
-                self.ledger.settle(entry.key, entry.value, reply)
-        elif kind == ledger.PROBE_REPLY:
-            conn.probe_replies.append(reply)
-            if len(conn.probe_replies) == len(PROBE):
-                conn.restart = self.restart = ledger.learn(conn.probe_replies, now)
-                conn.probe_replies = []
-                conn.probing = False
-                if conn.restart.uptime is None and not conn.restart.durable and not self._denied_warned:
-                    self._denied_warned = True
-                    logger.warning("Node %s: %s.", self.name, ledger.DENIED)
-
-    def owe(self, key: str, value: str, ttl: float) -> None:
-        """A release of ``value`` is about to be written: owe it until it is proven done."""
-        now = time.monotonic()
-        with self._books:
-            self.ledger.owe(key, value, now + ttl + self.stale_limit, now)
-
-    def prepare(self, conn: Any, wire: bytes, mine: Entry, window: float, now: float) -> bytes:
-        """Bytes to write for one command: debts due first, a restart probe if needed, then it."""
-        expect = conn.expect
-        parts: list[bytes] = []
-        if self.ledger.debts:
-            with self._books:
-                due = self.ledger.due(now, self.node_timeout)
-            for debt in due:  # sent as EVAL: no NOSCRIPT to handle
-                parts.append(pack(("EVAL", RELEASE.source, 1, debt.key, debt.value)))
-                expect.append(Entry(ledger.RELEASE, debt.key, debt.value))
-        if window > 0 and not self.fsync_always and conn.restart is None and not conn.probing:
-            parts.append(PROBE_WIRE)
-            conn.probing = True
-            expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
-        expect.append(mine)
-        if not parts:
-            return wire
-        parts.append(wire)
-        return b"".join(parts)
-
-    def vote_failure(self, conn: Any, window: float) -> Failure | None:
-        """A failure for a vote that must not count under the delayed-restart rule, else None."""
-        if window <= 0 or self.fsync_always:
-            return None
-        reason = ledger.vote_refusal(conn.restart, window, time.monotonic(), False)
-        if reason is None:
-            return None
-        restart = conn.restart
-        if restart is not None and restart.uptime is not None and self.announced != restart.run_id:
-            self.announced = restart.run_id  # one log line per restart, not per vote
-            logger.warning("Node %s %s.", self.name, reason)
-        return Failure(reason)
-
-    def lagging(self, now: float) -> bool:
-        """True while a reply from this node is overdue by more than the node timeout."""
-        return any(conn.expect and now - since > self.node_timeout for conn, since in self._parked.items())
-
-    def checkout(self, *, for_key: str | None = None, allow_lagging: bool = True) -> tuple[Any, float | None]:
-        """Return ``(connection, parked since)``; the second is None unless replies are still pending on it.
-
-        With ``for_key``, a parked connection that still carries a command for that key
-        is returned, so the new command stays ordered after it.
-        """
+    def checkout(self, rnd: Round, i: int, now: float) -> tuple[Any, float | None] | None:
+        """A connection for node ``i`` of ``rnd`` and, if parked, since when; None when the round has its result."""
         if os.getpid() != self._pid:
             self._check_fork()
-        now = time.monotonic()
         with self._mutex:
-            if self._parked:  # usually empty: only after an early decision or a silent node
+            if self.books.parked:  # usually empty: only after an early decision or a silent node
                 self._drain_parked(now)
-                if for_key is not None:
-                    for conn, since in self._parked.items():
-                        if len(conn.expect) < MAX_PENDING and any(e.key == for_key for e in conn.expect):
-                            del self._parked[conn]
-                            return conn, since
-                if not allow_lagging and self.lagging(now):
-                    raise NodeUnavailable(f"no reply to an earlier command for over {_ms(self.node_timeout)}")
-            if now < self._down_until:
-                raise NodeUnavailable(self._down_reason)
-            while self._idle:
-                conn, idle_since = self._idle.pop()
+            while True:
+                choice = rnd.choose(i, now)
+                if choice is None:
+                    return None
+                kind, conn, since = choice
+                if kind == PARKED:
+                    return conn, since
+                if kind == NEW:
+                    break
                 # A connection idle for a while may have been closed by a restart: look first.
-                if now - idle_since < IDLE_CHECK or _idle_ok(conn):
+                if now - since < IDLE_CHECK or _idle_ok(conn):  # type: ignore[operator]
                     return conn, None
-                _disconnect(conn)  # closed by the server: make a new one
+                _disconnect(conn)
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             conn.connect()
-            conn = Wire(conn)  # from here on the engine reads and writes the socket itself
+            return Wire(conn), None  # from here on the engine reads and writes the socket itself
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
-            reason = self.redact(describe(exc, self.node_timeout))
-            with self._mutex:
-                self._down_until = time.monotonic() + COOL_OFF
-                self._down_reason = reason
             if conn is not None:
                 _disconnect(conn)
-            raise NodeUnavailable(reason) from None
-        return conn, None
+            with self._mutex:
+                rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), time.monotonic())
+            return None
 
     def checkin(self, conn: Any, since: float) -> None:
-        """Give a connection back: idle when nothing is pending on it, else parked."""
         if os.getpid() != self._pid:
             return
-        if conn.expect and len(conn.expect) > MAX_PENDING:
-            self.drop(conn, time.monotonic())
-            return
         with self._mutex:
-            if conn.expect:
-                self._parked[conn] = since
-            else:
-                self._idle.append((conn, time.monotonic()))
+            self.books.checkin(conn, since, time.monotonic())
 
-    def drop(self, conn: Any, now: float, *, close: bool = True) -> None:
-        """Give up a connection; what was unanswered on it may still reach the node."""
-        entries = list(getattr(conn, "expect", ()))
-        if entries:
-            with self._books:
-                self.ledger.dropped(entries, now + max(e.ttl for e in entries) + self.stale_limit)
-            conn.expect.clear()
-        if close:
-            _disconnect(conn)
+    def drop(self, conn: Any) -> None:
+        with self._mutex:
+            self.books.drop(conn, time.monotonic())
+        _disconnect(conn)
 
     def close(self) -> None:
-        with self._mutex:
-            conns = [conn for conn, _ in self._idle] + list(self._parked)
-            self._idle.clear()
-            self._parked.clear()
         now = time.monotonic()
+        with self._mutex:
+            conns = [conn for conn, _ in self.books.idle] + list(self.books.parked)
+            for conn in conns:
+                self.books.drop(conn, now)
+            self.books.idle.clear()
         for conn in conns:
-            self.drop(conn, now)
+            _disconnect(conn)
 
 
 #: Every node of this process, reset in a forked child (its parent's sockets and mutexes are not its own).
@@ -541,7 +440,7 @@ def pack(args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
-class Wire:
+class Wire(ConnState):
     """A connected redis-py connection, read and written directly.
 
     redis-py makes the connection (TCP or TLS, AUTH, SELECT); after that the
@@ -549,19 +448,14 @@ class Wire:
     itself, which keeps a fan-out cheap enough to cost about one round trip.
     """
 
-    __slots__ = ("conn", "_sock", "_buf", "_pos", "expect", "restart", "probe_replies", "probing")
+    __slots__ = ("conn", "_sock", "_buf", "_pos")
 
     def __init__(self, conn: Any) -> None:
+        super().__init__()
         self.conn = conn
         self._sock = conn._sock
         self._buf = bytearray()
         self._pos = 0
-        #: Commands written whose replies have not been read, oldest first.
-        self.expect: deque[Entry] = deque()
-        #: What the restart probe sent on this connection learned (None: not yet).
-        self.restart: Restart | None = None
-        self.probe_replies: list[Any] = []
-        self.probing = False
 
     encoder = None
 
@@ -702,49 +596,35 @@ def _node_from_url(
 Command = tuple[Any, ...]
 Done = Callable[[list[Any]], bool]
 
-PROBE_WIRE = b"".join(pack(c) for c in PROBE)
-
-
-class _Call:
-    __slots__ = ("index", "node", "conn", "command", "script", "mine", "settled")
-
-    def __init__(self, index: int, node: Node, conn: Any, command: Command, script: Script | None, mine: Entry) -> None:
-        self.index = index
-        self.node = node
-        self.conn = conn
-        self.command = command
-        self.script = script
-        self.mine = mine
-        self.settled = False
-
 
 def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
-def read_booked(node: Node, conn: Any) -> tuple[Entry, Any]:
-    """Read the next reply on ``conn``, match it to the oldest entry and book it.
+def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None) -> tuple[Any, Any, bool]:
+    """Read the next reply on ``conn`` and book it: ``(entry, reply, resent)``.
 
     Error replies are returned as exceptions; a broken connection raises.
-    A script answered NOSCRIPT is sent again as EVAL (the returned entry is
-    then the new one and the reply ``_RESENT``).
+    After a NOSCRIPT the script's source is sent at once and ``resent`` is True
+    (the entry is then the new one, still waiting). Pass the node's ``mutex``
+    when the caller does not hold it.
     """
     try:
         reply = conn.read_response()
     except ResponseError as exc:
         reply = exc
-    if not conn.expect:
-        raise RedisConnectionError("Protocol error: a reply nobody asked for")
-    entry = conn.expect.popleft()
-    node.book(conn, entry, reply, time.monotonic())
-    if isinstance(reply, NoScriptError) and entry.retry is not None:
-        # The node forgot the script (a restart): send its source, once, in the same order.
-        again = ledger.after_noscript(entry)
-        assert again is not None
-        conn.send_packed_command(entry.retry)
-        conn.expect.append(again)
-        return again, _RESENT
-    return entry, reply
+    try:
+        if mutex is None:
+            entry, resend = books.read(conn, reply, now)
+        else:
+            with mutex:
+                entry, resend = books.read(conn, reply, now)
+    except ValueError as exc:
+        raise RedisConnectionError(f"Protocol error: {exc}") from None
+    if resend is not None:
+        conn.send_packed_command(pack(resend))
+        return entry, reply, True
+    return entry, reply, False
 
 
 def fanout(
@@ -759,178 +639,135 @@ def fanout(
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
+    owe: tuple[str, str, float] | None = None,
 ) -> list[Any]:
-    """Send ``commands[i]`` to ``nodes[i]`` (all before reading), then collect replies.
+    """Run one :class:`~django_redlock.core.rounds.Round` on real sockets: write everything, then poll.
 
-    Returns one entry per node: the reply, or a :class:`Failure`. Stops waiting
-    when ``done(results)`` is true (results still pending are ``None`` in the
-    list passed to it) or when ``timeout`` has passed; replies not read by then
-    are left on their connection and become ``Failure("no reply ...")`` here
-    (they are read and booked later). With ``ordered_after_key``, a node whose
-    earlier command on that key is still unanswered gets this command on the
-    same connection, unawaited. ``timings``, when given, receives each node's
-    reply time in seconds. With ``restart_window``, the replies are votes: a
-    node restarted less than that many seconds ago (without fsync-every-write
-    persistence), or whose restart state is unknown, does not vote; a new
-    connection asks the node for its uptime in the same write. ``keys`` is
-    accepted for compatibility; the connection's entries carry the keys.
+    Returns one entry per node: the reply, or a :class:`Failure`. The round
+    decides what is written, how long to wait and what each reply means;
+    replies not read by the end stay booked on their connection and are read
+    the next time the node is used. ``keys`` is accepted for compatibility.
     """
-    results: list[Any] = [None] * len(nodes)
-    calls: dict[int, _Call] = {}
-    packed: dict[Any, Any] = {}
-    is_release = script is RELEASE
-    sent_at = time.monotonic()
+    now = time.monotonic()
+    books = [node.books for node in nodes]
+    if owe is not None:
+        for node in nodes:
+            node._check_fork()
+        with _all_mutexes(nodes):
+            rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
+                        ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
+                        restart_window=restart_window, timings=timings, owe=owe)
+    else:
+        rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
+                    ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
+                    restart_window=restart_window, timings=timings)
+    watched: dict[int, tuple[int, Any]] = {}  # fd -> (node index, connection)
+    packed: dict[Any, bytes] = {}
     writing: tuple[Node, Any] | None = None
     try:
-        for i, (node, command) in enumerate(zip(nodes, commands)):
-            if command is None:
-                results[i] = Failure("skipped")
+        for i, node in enumerate(nodes):
+            got = node.checkout(rnd, i, now)
+            if got is None:
                 continue
-            try:
-                conn, parked = node.checkout(for_key=ordered_after_key, allow_lagging=allow_lagging)
-            except NodeUnavailable as exc:
-                results[i] = Failure(str(exc))
-                continue
-            except Exception as exc:  # noqa: BLE001 - a node's failure is a vote, never an error
-                results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
-                continue
-            if parked is not None and script is not None and command[0] == "EVALSHA":
-                # A late reply on this connection is not retried for NOSCRIPT: send the source.
-                command = ("EVAL", script.source, *command[2:])
+            conn, since = got
             writing = (node, conn)
+            with node._mutex:
+                wire = rnd.write(i, conn, since, now)
+            error = None
             try:
-                # The same command usually goes to every node: encode it once.
-                wire = packed.get(command)
-                if wire is None:
-                    wire = packed[command] = pack(command)
-                retry = None
-                if script is not None and command[0] == "EVALSHA":
-                    retry = packed.get((script, command))
-                    if retry is None:
-                        retry = packed[(script, command)] = pack(("EVAL", script.source, *command[2:]))
-                mine = entry_for(command, is_release, i, retry)
-                conn.send_packed_command(node.prepare(conn, wire, mine, restart_window, sent_at))
+                if len(wire) == 1:
+                    data = packed.get(wire[0])  # the same command usually goes to every node: encode it once
+                    if data is None:
+                        data = packed[wire[0]] = pack(wire[0])
+                else:
+                    data = b"".join(pack(c) for c in wire)
+                conn.send_packed_command(data)
             except (RedisError, OSError, ValueError) as exc:
-                writing = None
-                node.drop(conn, time.monotonic())
-                results[i] = Failure(node.redact(describe(exc, node.node_timeout)))
-                continue
+                error = node.redact(describe(exc, node.node_timeout))
+                _disconnect(conn)
             writing = None
-            if parked is not None and sent_at - parked > node.node_timeout:
-                # Ordered behind a command that is overdue: queue it, do not wait for it.
-                mine.waiter = None
-                node.checkin(conn, parked)
-                results[i] = Failure("queued behind an unanswered command")
-                continue
-            calls[i] = _Call(i, node, conn, command, script, mine)
-        if calls:
+            with node._mutex:
+                wait = rnd.written(i, conn, since, now, error)
+            fd = _fileno(conn) if wait else None
+            if wait and fd is None:
+                with node._mutex:
+                    rnd.broken(i, conn, "connection lost", now)
+            elif wait:
+                watched[fd] = (i, conn)  # type: ignore[index]
+        if watched:
             # Each node gets the full timeout after its command went out (connects can take time).
-            _collect(calls, results, sent_at, time.monotonic() + timeout, done, timings, restart_window)
+            rnd.start(time.monotonic())
+            _collect(nodes, rnd, watched)
     except BaseException:
-        # Interrupted (a signal, an exception from a hook): keep the books straight.
+        # Interrupted (a signal, KeyboardInterrupt): keep the books straight.
         if writing is not None:
-            writing[0].drop(writing[1], time.monotonic())
-        for call in calls.values():
-            if not call.settled:
-                call.mine.waiter = None
-                call.settled = True
-                call.node.checkin(call.conn, sent_at)
+            writing[0].drop(writing[1])
+        _finish(nodes, rnd)
         raise
-    return results
+    _finish(nodes, rnd)
+    return rnd.results
 
 
-def _collect(
-    calls: dict[int, _Call],
-    results: list[Any],
-    sent_at: float,
-    deadline: float,
-    done: Done | None,
-    timings: list[float | None] | None,
-    window: float = 0.0,
-) -> None:
+def _finish(nodes: Sequence[Node], rnd: Round) -> None:
+    now = time.monotonic()
+    for i, conn in rnd.finish(now):
+        nodes[i].checkin(conn, rnd.sent_at)
+
+
+class _all_mutexes:
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = nodes
+
+    def __enter__(self) -> None:
+        for node in self.nodes:
+            node._mutex.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        for node in self.nodes:
+            node._mutex.release()
+
+
+def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, Any]]) -> None:
     poller = select.poll()
-    waiting: dict[int, tuple[int, _Call]] = {}
-    by_fd: dict[int, _Call] = {}
-    for call in calls.values():
-        fd = _fileno(call.conn)
-        if fd is None:
-            call.settled = True
-            call.node.drop(call.conn, time.monotonic())
-            results[call.index] = Failure("connection lost")
-            continue
-        by_fd[fd] = call
-        waiting[call.index] = (fd, call)
+    for fd in watched:
         poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-
-    def settle(call: _Call, result: Any, keep: bool) -> None:
-        results[call.index] = result
-        call.settled = True
-        fd, _ = waiting.pop(call.index)
-        poller.unregister(fd)
-        if keep:
-            call.node.checkin(call.conn, sent_at)
-        else:
-            call.node.drop(call.conn, time.monotonic())
-
-    grace = False
-    while waiting:
-        if not grace and done is not None and done(results):
-            grace = True  # outcome known: read what has already arrived, then stop
-        remaining = 0.0 if grace else max(0.0, deadline - time.monotonic())
-        ready = [by_fd[fd] for fd, _ in poller.poll(remaining * 1000)]
-        for _, call in waiting.values():
-            if call not in ready and _has_buffered(call.conn):
-                ready.append(call)
-        if not ready:
-            if grace or remaining == 0.0 or time.monotonic() >= deadline:
-                break
-            continue
-        for call in ready:
-            if call.index not in waiting:
+    while watched:
+        wait = rnd.wait_time(time.monotonic())
+        if wait is None:
+            break
+        ready = [fd for fd, _ in poller.poll(wait * 1000)]
+        for fd, (_, conn) in watched.items():
+            if fd not in ready and _has_buffered(conn):
+                ready.append(fd)
+        for fd in ready:
+            if fd not in watched:
                 continue
-            node = call.node
+            i, conn = watched[fd]
+            node = nodes[i]
             try:
-                reply = _read_mine(call)
+                taken = _read_ours(node, rnd, conn)
             except (RedisError, OSError, ValueError) as exc:
-                settle(call, Failure(node.redact(describe(exc, node.node_timeout))), keep=False)
-                continue
-            if reply is _NOT_YET:
-                continue
-            if isinstance(reply, ResponseError):
-                settle(call, Failure(node.redact(describe(reply, node.node_timeout)), answered=True), keep=True)
-                continue
-            if timings is not None:
-                timings[call.index] = time.monotonic() - sent_at
-            settle(call, (window > 0 and node.vote_failure(call.conn, window)) or reply, keep=True)
-    late = time.monotonic() - sent_at >= min(call.node.node_timeout for call in calls.values())
-    for _, call in waiting.values():
-        call.mine.waiter = None  # read and booked later, when the connection is next used
-        call.settled = True
-        call.node.checkin(call.conn, sent_at)
-        if grace and not late:
-            results[call.index] = Failure("not awaited: the outcome was already known", answered=True)
-        else:
-            results[call.index] = Failure(f"no reply within {_ms(call.node.node_timeout)}")
+                with node._mutex:
+                    rnd.broken(i, conn, node.redact(describe(exc, node.node_timeout)), time.monotonic())
+                _disconnect(conn)
+                taken = True
+            if taken:
+                del watched[fd]
+                poller.unregister(fd)
 
 
-_NOT_YET = object()
-
-
-_RESENT = object()
-
-
-def _read_mine(call: _Call) -> Any:
-    """Read replies up to this call's own; ``_NOT_YET`` when it has not fully arrived."""
-    conn = call.conn
+def _read_ours(node: Node, rnd: Round, conn: Any) -> bool:
+    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False)."""
     while True:
-        entry, reply = read_booked(call.node, conn)
-        if reply is _RESENT:
-            if entry.waiter is not None:
-                call.mine = entry  # our script went again as EVAL: wait for that reply
-        elif entry is call.mine:
-            return reply
+        now = time.monotonic()
+        entry, reply, resent = read_booked(node.books, conn, now, node._mutex)
+        if not resent and entry.waiter is rnd:
+            with node._mutex:
+                rnd.take(entry, reply, now)
+            node.checkin(conn, rnd.sent_at)
+            return True
         if not conn.can_read(0):
-            return _NOT_YET
+            return False
 
 
 def _fileno(conn: Any) -> int | None:

@@ -1,0 +1,427 @@
+"""One node's connections and one fan-out round, without I/O.
+
+:class:`NodeBooks` decides which connection a command goes on (an idle one, a
+parked one that still carries a command for the same key, or a new one), what
+rides along with it (release debts, the restart probe), how each reply is
+booked, and when a connection with overdue replies is given up.
+
+:class:`Round` is one fan-out: a command per node, written to every node
+before any reply is awaited, judged reply by reply until the outcome is
+certain or the node timeout passes. It says what to write, how long to wait,
+and what each node's result is; the drivers (sockets + poll, asyncio, the
+simulator) move the bytes and read the clock::
+
+    rnd = Round(books, commands, now=now, timeout=0.05, done=...)
+    for i in range(len(books)):
+        choice = rnd.choose(i, now)            # (kind, conn, since) or None
+        ...connect if kind is NEW...
+        wire = rnd.write(i, conn, since, now)   # commands to send, in order
+        ...send... ; rnd.written(i, conn, since, now, error)
+    rnd.start(now)
+    while (wait := rnd.wait_time(now)) is not None:
+        ...wait up to `wait` for replies; for each: entry, resend = books.read(conn, reply, now)
+        ...send `resend` if any; rnd.take(entry, reply, now) if entry.waiter is rnd
+    results = rnd.finish(now)                   # connections still owing replies are parked
+
+Nothing here reads a clock, touches a socket, sleeps or starts a thread;
+callers that share books between threads hold a lock around these calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django_redlock.core import ledger
+from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for
+from django_redlock.core.scripts import RELEASE, Script
+
+__all__ = [
+    "COOL_OFF",
+    "IDLE",
+    "IDLE_CHECK",
+    "MAX_PENDING",
+    "NEW",
+    "PARKED",
+    "ConnState",
+    "Failure",
+    "NodeBooks",
+    "NodeUnavailable",
+    "Round",
+]
+
+logger = logging.getLogger("django_redlock")
+
+Command = tuple[Any, ...]
+
+#: A node whose earlier reply is overdue by this long is dropped and reconnected.
+STALE_LIMIT_MIN = 1.0
+#: After a failed connect, leave the node alone this long.
+COOL_OFF = 0.5
+#: Idle connections older than this are checked for a close by the server before use.
+IDLE_CHECK = 0.5
+#: At most this many unread replies are queued on one parked connection.
+MAX_PENDING = 256
+
+# What NodeBooks.choose() hands out.
+IDLE, PARKED, NEW = "idle", "parked", "new"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a node did not give a usable reply (never contains credentials)."""
+
+    reason: str
+    answered: bool = False  # the node answered (e.g. with an error), it is not down
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class NodeUnavailable(Exception):
+    pass
+
+
+def ms_text(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+class ConnState:
+    """What the books keep per connection: replies still due, and what its probe learned."""
+
+    __slots__ = ("expect", "restart", "probe_replies", "probing")
+
+    def __init__(self) -> None:
+        #: Commands written whose replies have not been read, oldest first.
+        self.expect: deque[Entry] = deque()
+        #: What the restart probe sent on this connection learned (None: not yet).
+        self.restart: Restart | None = None
+        self.probe_replies: list[Any] = []
+        self.probing = False
+
+
+class NodeBooks:
+    """One node's connections, restart knowledge and release debts."""
+
+    def __init__(self, name: str, node_timeout: float, fsync_always: bool = False) -> None:
+        self.name = name
+        self.node_timeout = node_timeout
+        self.stale_limit = max(STALE_LIMIT_MIN, 20 * node_timeout)
+        #: Declared to fsync every write: votes at once after a restart, never probed.
+        self.fsync_always = fsync_always
+        self.reset()
+
+    def reset(self) -> None:
+        self.ledger = Ledger()
+        self.idle: list[tuple[Any, float]] = []  # (connection, idle since), most recent last
+        self.parked: dict[Any, float] = {}  # connection -> last progress (a reply read, or the write)
+        self.down_until = 0.0
+        self.down_reason = ""
+        #: The last restart state a probe learned (for status and logs).
+        self.restart: Restart | None = None
+        self.announced = ""  # run id of the restart last logged
+        self.denied_warned = False
+
+    # -- choosing a connection ----------------------------------------------------
+
+    def lagging(self, now: float) -> bool:
+        """True while a reply from this node is overdue by more than the node timeout."""
+        return any(conn.expect and now - since > self.node_timeout for conn, since in self.parked.items())
+
+    def choose(self, for_key: str | None, allow_lagging: bool, now: float) -> tuple[str, Any, float | None]:
+        """``(PARKED, conn, since)``, ``(IDLE, conn, idle since)`` or ``(NEW, None, None)``.
+
+        With ``for_key``, a parked connection that still carries a command for
+        that key comes first, so the new command stays ordered after it. Raises
+        :class:`NodeUnavailable` for a node that is lagging (when not allowed)
+        or cooling off after a failed connect.
+        """
+        if self.parked:
+            if for_key is not None:
+                for conn, since in self.parked.items():
+                    if len(conn.expect) < MAX_PENDING and any(e.key == for_key for e in conn.expect):
+                        del self.parked[conn]
+                        return PARKED, conn, since
+            if not allow_lagging and self.lagging(now):
+                raise NodeUnavailable(f"no reply to an earlier command for over {ms_text(self.node_timeout)}")
+        if now < self.down_until:
+            raise NodeUnavailable(self.down_reason)
+        if self.idle:
+            conn, since = self.idle.pop()
+            return IDLE, conn, since
+        return NEW, None, None
+
+    def connect_failed(self, reason: str, now: float) -> None:
+        self.down_until = now + COOL_OFF
+        self.down_reason = reason
+
+    def checkin(self, conn: Any, since: float, now: float) -> None:
+        """Take a connection back: idle when nothing is pending on it, else parked."""
+        if len(conn.expect) > MAX_PENDING:
+            self.drop(conn, now)
+        elif conn.expect:
+            self.parked[conn] = since
+        else:
+            self.idle.append((conn, now))
+
+    def after_drain(self, conn: Any, since: float, now: float) -> bool:
+        """Re-file a parked connection after its ready replies were read; False: give it up (stale)."""
+        if not conn.expect:
+            self.parked.pop(conn, None)
+            self.idle.append((conn, now))
+        elif now - since > self.stale_limit:
+            self.drop(conn, now)
+            return False
+        else:
+            self.parked[conn] = since
+        return True
+
+    def drop(self, conn: Any, now: float) -> None:
+        """Forget a connection; what was unanswered on it may still reach the node."""
+        self.parked.pop(conn, None)
+        entries = list(conn.expect)
+        if entries:
+            self.ledger.dropped(entries, now + max(e.ttl for e in entries) + self.stale_limit)
+            conn.expect.clear()
+
+    # -- writing and reading -------------------------------------------------------
+
+    def owe(self, key: str, value: str, ttl: float, now: float) -> None:
+        """A release of ``value`` is about to be written: owe it until it is proven done."""
+        self.ledger.owe(key, value, now + ttl + self.stale_limit, now)
+
+    def prepare(self, conn: Any, mine: Entry, window: float, now: float) -> list[Command]:
+        """Commands to send before ``mine`` (debts due, a restart probe); books them all."""
+        expect = conn.expect
+        extra: list[Command] = []
+        if self.ledger.debts:
+            for debt in self.ledger.due(now, self.node_timeout):  # sent as EVAL: no NOSCRIPT to handle
+                extra.append(("EVAL", RELEASE.source, 1, debt.key, debt.value))
+                expect.append(Entry(ledger.RELEASE, debt.key, debt.value))
+        if window > 0 and not self.fsync_always and conn.restart is None and not conn.probing:
+            extra.extend(PROBE)
+            conn.probing = True
+            expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+        expect.append(mine)
+        return extra
+
+    def read(self, conn: Any, reply: Any, now: float) -> tuple[Entry, Command | None]:
+        """Match a reply to the oldest entry on ``conn`` and book it.
+
+        Returns the entry and, when the reply was NOSCRIPT for a script, the
+        command to send now instead (its source; already booked as the new
+        entry, which is then returned). Raises :class:`ValueError` for a reply
+        nobody asked for.
+        """
+        if not conn.expect:
+            raise ValueError("a reply nobody asked for")
+        entry = conn.expect.popleft()
+        kind = entry.kind
+        if kind == ledger.RELEASE:
+            self.ledger.settle(entry.key, entry.value, reply)
+        elif kind == ledger.PROBE_REPLY:
+            self._learn(conn, reply, now)
+        if entry.retry is not None and type(reply).__name__ == "NoScriptError":
+            # The node forgot the script (a restart): send its source, once, in the same order.
+            again = ledger.after_noscript(entry)
+            assert again is not None
+            conn.expect.append(again)
+            if entry.waiter is not None:
+                entry.waiter.replaced(entry, again)
+            return again, entry.retry
+        return entry, None
+
+    def _learn(self, conn: Any, reply: Any, now: float) -> None:
+        conn.probe_replies.append(reply)
+        if len(conn.probe_replies) < len(PROBE):
+            return
+        conn.restart = self.restart = ledger.learn(conn.probe_replies, now)
+        conn.probe_replies = []
+        conn.probing = False
+        if conn.restart.uptime is None and not conn.restart.durable and not self.denied_warned:
+            self.denied_warned = True
+            logger.warning("Node %s: %s.", self.name, ledger.DENIED)
+
+    def vote(self, conn: Any, window: float, now: float) -> Failure | None:
+        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+        if window <= 0 or self.fsync_always:
+            return None
+        reason = ledger.vote_refusal(conn.restart, window, now, False)
+        if reason is None:
+            return None
+        restart = conn.restart
+        if restart is not None and restart.uptime is not None and self.announced != restart.run_id:
+            self.announced = restart.run_id  # one log line per restart, not per vote
+            logger.warning("Node %s %s.", self.name, reason)
+        return Failure(reason)
+
+
+Done = Callable[[list[Any]], bool]
+
+
+class Round:
+    """One fan-out: a command per node, all written before any reply is awaited.
+
+    ``done(results)`` says when the outcome is certain (results still pending
+    are None); then the replies already there are read and the rest is left to
+    the books. With ``restart_window``, replies are votes and the
+    delayed-restart rule applies. With ``owe=(key, value, ttl)``, every node
+    owes the release of that value first (see :class:`~django_redlock.core.ledger.Ledger`).
+    """
+
+    def __init__(
+        self,
+        books: Sequence[NodeBooks],
+        commands: Sequence[Command | None],
+        *,
+        now: float,
+        timeout: float,
+        done: Done | None = None,
+        script: Script | None = None,
+        ordered_after_key: str | None = None,
+        allow_lagging: bool = True,
+        restart_window: float = 0.0,
+        timings: list[float | None] | None = None,
+        owe: tuple[str, str, float] | None = None,
+    ) -> None:
+        self.books = books
+        self.commands = commands
+        self.sent_at = now
+        self.timeout = timeout
+        self.done = done
+        self.script = script
+        self.is_release = script is RELEASE
+        self.ordered_after_key = ordered_after_key
+        self.allow_lagging = allow_lagging
+        self.window = restart_window
+        self.timings = timings
+        self.results: list[Any] = [None] * len(books)
+        self.waiting: dict[Entry, tuple[int, Any]] = {}  # our entry -> (node index, connection)
+        self.deadline = now + timeout
+        self.grace = False
+        #: Called (by the books) whenever one of our replies was taken; drivers may set it.
+        self.on_reply: Callable[[], None] | None = None
+        if owe is not None:
+            key, value, ttl = owe
+            for book in books:
+                book.owe(key, value, ttl, now)
+
+    def choose(self, i: int, now: float) -> tuple[str, Any, float | None] | None:
+        """Where node ``i``'s command goes; None when the node already has its result."""
+        if self.commands[i] is None:
+            self.results[i] = Failure("skipped")
+            return None
+        try:
+            return self.books[i].choose(self.ordered_after_key, self.allow_lagging, now)
+        except NodeUnavailable as exc:
+            self.results[i] = Failure(str(exc))
+            return None
+
+    def connect_failed(self, i: int, reason: str, now: float) -> None:
+        self.books[i].connect_failed(reason, now)
+        self.results[i] = Failure(reason)
+
+    def write(self, i: int, conn: Any, parked_since: float | None, now: float) -> list[Command]:
+        """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
+        command = self.commands[i]
+        assert command is not None
+        script = self.script
+        retry = None
+        if script is not None and command[0] == "EVALSHA":
+            retry = ("EVAL", script.source, *command[2:])
+            if parked_since is not None:
+                command, retry = retry, None  # a late NOSCRIPT here would come too late to resend
+        mine = entry_for(command, self.is_release, self, retry)
+        extra = self.books[i].prepare(conn, mine, self.window, now)
+        self.waiting[mine] = (i, conn)
+        if extra:
+            extra.append(command)
+            return extra
+        return [command]
+
+    def written(self, i: int, conn: Any, parked_since: float | None, now: float, error: str | None = None) -> bool:
+        """After the write; returns True when the driver should wait for this node's reply."""
+        mine = next(e for e, (j, _) in self.waiting.items() if j == i)
+        if error is not None:
+            del self.waiting[mine]
+            self.books[i].drop(conn, now)
+            self.results[i] = Failure(error)
+            return False
+        if parked_since is not None and self.sent_at - parked_since > self.books[i].node_timeout:
+            # Ordered behind a command that is overdue: queue it, do not wait for it.
+            del self.waiting[mine]
+            mine.waiter = None
+            self.books[i].checkin(conn, parked_since, now)
+            self.results[i] = Failure("queued behind an unanswered command")
+            return False
+        return True
+
+    def start(self, now: float) -> None:
+        """All writes are out: each node gets ``timeout`` from now."""
+        self.deadline = now + self.timeout
+
+    def replaced(self, old: Entry, new: Entry) -> None:
+        """Our script went again as EVAL after NOSCRIPT: wait for that reply instead."""
+        where = self.waiting.pop(old, None)
+        if where is not None:
+            self.waiting[new] = where
+
+    def take(self, entry: Entry, reply: Any, now: float) -> int | None:
+        """Judge our reply for one node; returns that node's index (None if not ours any more)."""
+        where = self.waiting.pop(entry, None)
+        if where is None:
+            return None
+        i, conn = where
+        book = self.books[i]
+        if isinstance(reply, Failure):
+            self.results[i] = reply
+        elif isinstance(reply, Exception):
+            self.results[i] = Failure(describe_error(reply), answered=True)
+        else:
+            if self.timings is not None:
+                self.timings[i] = now - self.sent_at
+            self.results[i] = book.vote(conn, self.window, now) or reply
+        if self.on_reply is not None:
+            self.on_reply()
+        return i
+
+    def broken(self, i: int, conn: Any, reason: str, now: float) -> None:
+        """Node ``i``'s connection failed while we waited: the books drop it."""
+        for entry, (j, _) in list(self.waiting.items()):
+            if j == i:
+                del self.waiting[entry]
+        self.results[i] = Failure(reason)
+        self.books[i].drop(conn, now)
+
+    def wait_time(self, now: float) -> float | None:
+        """How long to wait for more replies: None to stop, 0.0 to read only what is already there."""
+        if not self.waiting:
+            return None
+        if self.done is not None and self.done(self.results):
+            if self.grace:
+                return None
+            self.grace = True  # outcome known: read what has already arrived, then stop
+            return 0.0
+        remaining = self.deadline - now
+        return remaining if remaining > 0 else None
+
+    def finish(self, now: float) -> list[tuple[int, Any]]:
+        """Stop waiting. Returns the (node index, connection) pairs whose reply is still due."""
+        late = now - self.sent_at >= min((b.node_timeout for b in self.books), default=0.0)
+        left = []
+        for entry, (i, conn) in self.waiting.items():
+            entry.waiter = None  # read and booked later, when the connection is next used
+            if self.grace and not late:
+                self.results[i] = Failure("not awaited: the outcome was already known", answered=True)
+            else:
+                self.results[i] = Failure(f"no reply within {ms_text(self.books[i].node_timeout)}")
+            left.append((i, conn))
+        self.waiting = {}
+        return left
+
+
+def describe_error(exc: BaseException) -> str:
+    return "error reply: " + str(exc).split("\n")[0][:120]
