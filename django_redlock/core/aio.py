@@ -15,22 +15,22 @@ import asyncio
 import os
 import time
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
-from django_redlock.core import base, ledger
+from django_redlock.core import base, steps
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
 from django_redlock.core.nodes import Node, describe, pack, script_command
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script
+from django_redlock.core.scripts import EXTEND, INSPECT, Script
+from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -487,33 +487,51 @@ class AsyncLockManager(ManagerBase):
         label: str | None = None,
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
-        plan = base.Attempts(self.config, resource, ttl, blocking, timeout, label)
-        total = len(self.node_list)
+        try:
+            plan, started = await self._run(
+                steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
+            )
+        except LockNotAcquired as error:
+            base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
+            raise
+        lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
+        base.call_hook(self.config.hooks, "acquired", lock)
+        return lock
+
+    async def _run(self, step: steps.Step) -> Any:
+        """Drive a step on the running loop; an exception (a cancellation) is thrown into it."""
+        send: Any = None
+        error: BaseException | None = None
         while True:
-            started = time.monotonic()
             try:
-                results = await self._fanout(
-                    [base.set_command(plan.key, plan.value, plan.ttl)] * total,
-                    done=base.until_outcome(self.quorum, total),
-                    allow_lagging=False,
-                    restart_window=plan.window,
-                )
-                if plan.won(results, started, self.quorum):
-                    lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
-                    base.call_hook(self.config.hooks, "acquired", lock)
-                    return lock
-            except BaseException:
-                # Cancelled (a dropped request, wait_for): release what may have been set, in the background.
-                self._start_release(plan.key, plan.value, plan.ttl)
-                raise
-            await self._release_keys(plan.key, plan.value, plan.ttl)
-            pause = plan.pause()
-            if pause is None:
-                break
-            await asyncio.sleep(pause)
-        error = plan.error(self.node_list, self.quorum, await self._retry_after(plan.key))
-        base.call_hook(self.config.hooks, "not_acquired", plan.resource, error)
-        raise error
+                effect = step.throw(error) if error is not None else step.send(send)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            try:
+                send = await self._perform(effect)
+            except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
+                send, error = None, exc
+
+    async def _perform(self, effect: Any) -> Any:
+        """Do what a step asks for, on the running loop."""
+        kind = type(effect)
+        if kind is steps.Fan:
+            return await self._fanout(effect.commands, effect.timeout, **effect.options())
+        if effect is steps.NOW:
+            return self.config.clock()
+        if kind is steps.Sleep:
+            await asyncio.sleep(effect.seconds)
+            return None
+        if kind is steps.Background:
+            # Runs to its end even if the caller is being cancelled.
+            task = asyncio.ensure_future(self._perform(effect.fan))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+            return None
+        if effect is steps.WALL:
+            return time.time_ns() // 1000
+        raise TypeError(f"unknown step effect {effect!r}")
 
     def lock(
         self,
@@ -578,55 +596,22 @@ class AsyncLockManager(ManagerBase):
 
     # -- internals used by AsyncLock -------------------------------------
 
-    def _release_on_every_node(self, key: str, value: str, ttl: float | None) -> Any:
-        """The fan-out that releases ``value`` (a coroutine); its first step owes the release on every node."""
-        command = script_command(RELEASE, [key], [value])
-        return self._fanout(
-            [command] * len(self.node_list),
-            script=RELEASE,
-            ordered_after_key=key,
-            allow_lagging=False,
-            owe=(key, value, ttl or self.config.max_ttl),
-        )
-
-    def _start_release(self, key: str, value: str, ttl: float | None = None) -> None:
-        """Release ``value`` on every node in a task that outlives a cancelled caller."""
-        task = asyncio.ensure_future(self._release_on_every_node(key, value, ttl))
-        _BACKGROUND.add(task)
-        task.add_done_callback(_BACKGROUND.discard)
-
     async def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
         """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
+        fan = steps.release_fan(self.config, len(self.node_list), key, value, ttl)
         try:
-            return await self._release_on_every_node(key, value, ttl)
+            result: list[Any] = await self._perform(fan)
         except asyncio.CancelledError:
-            self._start_release(key, value, ttl)
+            await self._perform(steps.Background(fan))
             raise
+        return result
 
     async def _retry_after(self, key: str) -> float | None:
         results = await self._fanout([("PTTL", key)] * len(self.node_list), allow_lagging=False)
         return base.retry_after_of(results, self.quorum)
 
     async def _fence(self, lock: AsyncLock) -> int:
-        if not lock.locked():
-            raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
-        total = len(self.node_list)
-        fence_key = self.config.fence_key(lock.resource)
-        window = self.config.window()
-        reads = await self._fanout(
-            [("GET", fence_key)] * total,
-            done=base.until_outcome(self.quorum, total, lambda r: True),
-            restart_window=window,
-        )
-        token = base.next_fence(reads, self.quorum, lock.resource)
-        command = script_command(FENCE_RAISE, [fence_key], [token])
-        writes = await self._fanout(
-            [command] * total,
-            done=base.until_outcome(self.quorum, total, lambda r: isinstance(r, int) and r >= token),
-            script=FENCE_RAISE,
-            restart_window=window,
-        )
-        base.check_fence_written(lock, writes, token, self.quorum)
+        token: int = await self._run(steps.fence(lock, self.config, self.quorum, len(self.node_list)))
         return token
 
     def _forget(self, lock: AsyncLock) -> None:

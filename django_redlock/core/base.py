@@ -10,7 +10,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.nodes import Failure, Node, NodeSpec, parse_nodes, script_command
@@ -151,6 +151,10 @@ class ManagerConfig:
             )
         #: How long a node restarted without fsync-always persistence sits out (0: rule off).
         self.restart_window = window
+        #: The monotonic clock validity is measured on (the simulator gives each client its own).
+        self.clock: Callable[[], float] = time.monotonic
+        #: Makes the holder of each attempt (the simulator makes them from its seed).
+        self.make_holder: Callable[[str | None], Holder] = new_holder
         timeout = check_seconds(node_timeout, "node_timeout")
         assert timeout is not None
         self.node_timeout = timeout
@@ -257,10 +261,11 @@ def failures_of(
 ) -> dict[str, str]:
     out: dict[str, str] = {}
     for node, reply in zip(nodes, results):
+        name = node if isinstance(node, str) else node.name
         if isinstance(reply, Failure):
-            out[node.name] = reply.reason
+            out[name] = reply.reason
         elif reply is None or not success(reply):
-            out[node.name] = refused
+            out[name] = refused
     return out
 
 
@@ -330,7 +335,7 @@ def fence_value(reply: Any) -> int | None:
         return None
 
 
-def next_fence(reads: Sequence[Any], quorum: int, resource: str) -> int:
+def next_fence(reads: Sequence[Any], quorum: int, resource: str, wall_us: int) -> int:
     """The next fencing token: one more than the highest counter any quorum reports."""
     values = [v for v in (fence_value(r) for r in reads) if v is not None]
     if len(values) < quorum:
@@ -339,7 +344,7 @@ def next_fence(reads: Sequence[Any], quorum: int, resource: str) -> int:
         )
     # Never below the wall clock in microseconds: if counters were lost with
     # restarted nodes, tokens still move forward with time.
-    floor = time.time_ns() // 1000  # wall clock: a floor for tokens, never used for validity
+    floor = wall_us  # wall clock in microseconds: a floor for tokens, never used for validity
     return max(max(values) + 1, floor)
 
 
@@ -512,16 +517,7 @@ class Scan:
 class Attempts:
     """One ``acquire()`` call's plan: validated arguments, the holder, and when to give up.
 
-    Shared by the sync and async managers, which only do the I/O::
-
-        plan = Attempts(config, resource, ttl, blocking, timeout, label)
-        while True:
-            started = now(); results = <SET on every node>
-            if plan.won(results, started, quorum): return <lock>
-            <release on every node>
-            pause = plan.pause()
-            if pause is None: raise plan.error(nodes, quorum, <retry_after>)
-            <sleep pause>
+    Used by :func:`django_redlock.core.steps.acquire`; every time is passed in.
     """
 
     def __init__(
@@ -532,6 +528,7 @@ class Attempts:
         blocking: bool,
         timeout: Any,
         label: str | None,
+        now: float,
     ) -> None:
         self.config = config
         self.resource = check_resource(resource)
@@ -542,7 +539,7 @@ class Attempts:
         self.key = config.key(self.resource)
         self.window = config.restart_window
         self._new_holder()
-        self.begun = time.monotonic()
+        self.begun = now
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
@@ -550,29 +547,33 @@ class Attempts:
     def _new_holder(self) -> None:
         # Every attempt sets its own value: a late release of an earlier attempt
         # (bytes delivered after a connection was given up) can never match it.
-        self.holder = new_holder(self.label)
+        self.holder = self.config.make_holder(self.label)
         self.value = self.holder.encode()
 
-    def won(self, results: Sequence[Any], started: float, quorum: int) -> bool:
-        """Judge an attempt: a quorum said yes and validity is left after drift."""
+    def won(self, results: Sequence[Any], started: float, quorum: int, now: float) -> bool:
+        """Judge an attempt: a quorum said yes and validity is left after drift.
+
+        ``started`` is read before the first command was written, ``now`` after
+        the last reply: the validity is what is left of the ttl in between.
+        """
         self.attempts += 1
         self.results = results
-        self.validity = self.ttl - (time.monotonic() - started) - self.config.drift(self.ttl)
+        self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
         return count(results) >= quorum and self.validity > 0
 
-    def pause(self) -> float | None:
+    def pause(self, now: float) -> float | None:
         """Seconds to wait before the next attempt (which gets a new value), or None to give up."""
-        pause = self._pause()
+        pause = self._pause(now)
         if pause is not None:
             self._new_holder()
         return pause
 
-    def _pause(self) -> float | None:
+    def _pause(self, now: float) -> float | None:
         if not self.blocking:
             return None
         pause = self.config.retry_pause()
         if self.timeout is not None:
-            remaining = self.timeout - (time.monotonic() - self.begun)
+            remaining = self.timeout - (now - self.begun)
             if remaining <= 0:
                 return None
             return min(pause, remaining)  # the last attempt is made at the deadline
@@ -580,7 +581,7 @@ class Attempts:
             return None
         return pause
 
-    def error(self, nodes: Sequence[Node], quorum: int, retry_after: float | None) -> LockNotAcquired:
+    def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None) -> LockNotAcquired:
         granted = count(self.results) >= quorum
         return not_acquired(
             self.resource,

@@ -55,6 +55,7 @@ class LockBase:
         self._fencing_token: int | None = None
         self._state = threading.Lock()
         self._pid = os.getpid()
+        self._clock = manager.config.clock
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
 
@@ -66,7 +67,7 @@ class LockBase:
     @property
     def validity(self) -> float:
         """Seconds this holder may still act as the owner (monotonic clock, 0.0 when expired)."""
-        return max(0.0, self._deadline - time.monotonic())
+        return max(0.0, self._deadline - self._clock())
 
     def locked(self) -> bool:
         """True while the lock is valid: not released, not lost, validity left.
@@ -181,7 +182,7 @@ class LockBase:
         if self.released:  # released while the EXTEND was on the wire: its replies mean nothing
             raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
         extended = base.count(results, lambda r: r == 1)
-        finished = time.monotonic()
+        finished = self._clock()
         if extended >= quorum and finished < old_deadline:
             self.ttl = ttl
             self._deadline = started + ttl - manager.config.drift(ttl)
@@ -227,7 +228,7 @@ class LockBase:
             if self.released:
                 return False
             self.released = True
-        if not self.lost and self._deadline <= time.monotonic():
+        if not self.lost and self._deadline <= self._clock():
             self._mark_lost("it expired before it was released")
         return True
 

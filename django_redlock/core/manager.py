@@ -6,13 +6,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django_redlock.core import base
+from django_redlock.core import base, steps
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
-from django_redlock.core.nodes import Failure, Node, fanout, parse_info, script_command
+from django_redlock.core.nodes import Failure, Node, fanout, parse_info
 from django_redlock.core.records import LockRecord, NodeStatus
-from django_redlock.core.scripts import FENCE_RAISE, INSPECT, RELEASE
+from django_redlock.core.scripts import INSPECT
+from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["LockManager"]
 
@@ -59,28 +60,34 @@ class LockManager(ManagerBase):
         or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
         when too few nodes answered.
         """
-        plan = base.Attempts(self.config, resource, ttl, blocking, timeout, label)
-        while True:
-            started = time.monotonic()
-            try:
-                results = self._set_all(plan.key, plan.value, plan.ttl, plan.window)
-                if plan.won(results, started, self.quorum):
-                    lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
-                    base.call_hook(self.config.hooks, "acquired", lock)
-                    return lock
-            except BaseException:
-                # Interrupted (a signal, KeyboardInterrupt): release what may have been set.
-                self._release_keys(plan.key, plan.value, plan.ttl)
-                raise
-            # Failed: release on every node, also those that seemed to fail.
-            self._release_keys(plan.key, plan.value, plan.ttl)
-            pause = plan.pause()
-            if pause is None:
-                break
-            time.sleep(pause)
-        error = plan.error(self.node_list, self.quorum, self._retry_after(plan.key))
-        base.call_hook(self.config.hooks, "not_acquired", plan.resource, error)
-        raise error
+        try:
+            plan, started = steps.run_sync(
+                steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label),
+                self._perform,
+            )
+        except LockNotAcquired as error:
+            base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
+            raise
+        lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
+        base.call_hook(self.config.hooks, "acquired", lock)
+        return lock
+
+    def _perform(self, effect: Any) -> Any:
+        """Do what a step asks for, on real sockets and the real clock."""
+        kind = type(effect)
+        if kind is steps.Fan:
+            timeout = effect.timeout or self.config.node_timeout
+            return fanout(self.node_list, effect.commands, timeout=timeout, **effect.options())
+        if effect is steps.NOW:
+            return self.config.clock()
+        if kind is steps.Sleep:
+            time.sleep(effect.seconds)
+            return None
+        if kind is steps.Background:
+            return self._perform(effect.fan) and None
+        if effect is steps.WALL:
+            return time.time_ns() // 1000
+        raise TypeError(f"unknown step effect {effect!r}")
 
     def lock(
         self,
@@ -184,18 +191,8 @@ class LockManager(ManagerBase):
 
     def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
-        nodes = self.node_list
-        command = script_command(RELEASE, [key], [value])
-        return fanout(
-            nodes,
-            [command] * len(nodes),
-            timeout=self.config.node_timeout,
-            script=RELEASE,
-            keys=[key],
-            ordered_after_key=key,
-            allow_lagging=False,
-            owe=(key, value, ttl or self.config.max_ttl),
-        )
+        result: list[Any] = self._perform(steps.release_fan(self.config, len(self.node_list), key, value, ttl))
+        return result
 
     def _retry_after(self, key: str) -> float | None:
         nodes = self.node_list
@@ -203,31 +200,7 @@ class LockManager(ManagerBase):
         return base.retry_after_of(results, self.quorum)
 
     def _fence(self, lock: Lock) -> int:
-        if not lock.locked():
-            raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
-        nodes = self.node_list
-        fence_key = self.config.fence_key(lock.resource)
-        answered = base.until_outcome(self.quorum, len(nodes), lambda r: True)
-        window = self.config.window()
-        reads = fanout(
-            nodes,
-            [("GET", fence_key)] * len(nodes),
-            timeout=self.config.node_timeout,
-            done=answered,
-            restart_window=window,
-        )
-        token = base.next_fence(reads, self.quorum, lock.resource)
-        command = script_command(FENCE_RAISE, [fence_key], [token])
-        acked = base.until_outcome(self.quorum, len(nodes), lambda r: isinstance(r, int) and r >= token)
-        writes = fanout(
-            nodes,
-            [command] * len(nodes),
-            timeout=self.config.node_timeout,
-            done=acked,
-            script=FENCE_RAISE,
-            restart_window=window,
-        )
-        base.check_fence_written(lock, writes, token, self.quorum)
+        token: int = steps.run_sync(steps.fence(lock, self.config, self.quorum, len(self.node_list)), self._perform)
         return token
 
     def _watch(self, lock: Lock, max_hold: float | None, on_lost: Callable[[Lock], Any] | None) -> None:

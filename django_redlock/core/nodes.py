@@ -24,9 +24,7 @@ import socket
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 

@@ -1,0 +1,174 @@
+"""The Redlock operations as steps: generators that yield what they need and decide everything else.
+
+An operation never touches a socket or a clock. It yields an effect and is
+resumed with its result:
+
+- :class:`Fan` -> the list of per-node results of one :class:`~django_redlock.core.rounds.Round`;
+- :data:`NOW` -> the monotonic time; :data:`WALL` -> the wall clock in microseconds;
+- :class:`Sleep` -> None, after that many seconds;
+- :class:`Background` -> None at once; the fan-out inside runs to its end even
+  if the caller is cancelled (the sync driver just runs it).
+
+If performing an effect raises (a signal, a cancellation), the exception is
+thrown into the operation, which may yield cleanup steps before it re-raises.
+The sync driver (:func:`django_redlock.core.manager.run`), the asyncio driver
+(:func:`django_redlock.core.aio.arun`) and the test suite's simulator run the
+same operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from django_redlock.core import base
+from django_redlock.core.scripts import FENCE_RAISE, RELEASE, Script
+
+__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "fence", "release_fan"]
+
+
+class Fan:
+    """Run one round: ``commands[i]`` to node ``i``; see :class:`~django_redlock.core.rounds.Round`."""
+
+    __slots__ = ("commands", "timeout", "done", "script", "ordered_after_key", "allow_lagging", "restart_window", "owe")
+
+    def __init__(
+        self,
+        commands: Sequence[tuple[Any, ...] | None],
+        *,
+        timeout: float | None = None,
+        done: Callable[[list[Any]], bool] | None = None,
+        script: Script | None = None,
+        ordered_after_key: str | None = None,
+        allow_lagging: bool = True,
+        restart_window: float = 0.0,
+        owe: tuple[str, str, float] | None = None,
+    ) -> None:
+        self.commands = commands
+        self.timeout = timeout  # None: the node timeout
+        self.done = done
+        self.script = script
+        self.ordered_after_key = ordered_after_key
+        self.allow_lagging = allow_lagging
+        self.restart_window = restart_window
+        self.owe = owe
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "script": self.script,
+            "ordered_after_key": self.ordered_after_key,
+            "allow_lagging": self.allow_lagging,
+            "restart_window": self.restart_window,
+            "owe": self.owe,
+        }
+
+
+class Sleep:
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class Background:
+    __slots__ = ("fan",)
+
+    def __init__(self, fan: Fan) -> None:
+        self.fan = fan
+
+
+NOW = "now"
+WALL = "wall"
+
+Step = Generator[Any, Any, Any]
+
+
+def release_fan(config: base.ManagerConfig, total: int, key: str, value: str, ttl: float | None = None) -> Fan:
+    """Release ``value`` on every node, after whatever is still pending on the key; every node owes it first."""
+    command = ("EVALSHA", RELEASE.sha, 1, key, value)
+    return Fan(
+        [command] * total,
+        script=RELEASE,
+        ordered_after_key=key,
+        allow_lagging=False,
+        owe=(key, value, ttl or config.max_ttl),
+    )
+
+
+def acquire(
+    config: base.ManagerConfig,
+    quorum: int,
+    names: Sequence[str],
+    resource: Any,
+    ttl: Any,
+    blocking: bool,
+    timeout: Any,
+    label: str | None,
+) -> Step:
+    """Acquire ``resource``: returns ``(plan, started)`` of the winning attempt, or raises LockNotAcquired."""
+    total = len(names)
+    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW))
+    done = base.until_outcome(quorum, total)
+    while True:
+        started = yield NOW  # before the first byte is written: the validity counts from here
+        try:
+            results = yield Fan(
+                [base.set_command(plan.key, plan.value, plan.ttl)] * total,
+                done=done,
+                allow_lagging=False,
+                restart_window=plan.window,
+            )
+            if plan.won(results, started, quorum, (yield NOW)):
+                return plan, started
+        except BaseException:
+            # Interrupted (a signal, a cancellation): release what may have been set.
+            yield Background(release_fan(config, total, plan.key, plan.value, plan.ttl))
+            raise
+        # Failed: release on every node, also those that seemed to fail.
+        yield release_fan(config, total, plan.key, plan.value, plan.ttl)
+        pause = plan.pause((yield NOW))
+        if pause is None:
+            break
+        yield Sleep(pause)
+    ttls = yield Fan([("PTTL", plan.key)] * total, allow_lagging=False)
+    raise plan.error(names, quorum, base.retry_after_of(ttls, quorum))
+
+
+def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Step:
+    """Issue ``lock``'s fencing token: read a quorum, raise on a quorum, check the lock still holds."""
+    if not lock.locked():
+        raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
+    fence_key = config.fence_key(lock.resource)
+    window = config.window()
+    reads = yield Fan(
+        [("GET", fence_key)] * total,
+        done=base.until_outcome(quorum, total, lambda r: True),
+        restart_window=window,
+    )
+    token = base.next_fence(reads, quorum, lock.resource, (yield WALL))
+    command = ("EVALSHA", FENCE_RAISE.sha, 1, fence_key, token)
+    writes = yield Fan(
+        [command] * total,
+        done=base.until_outcome(quorum, total, lambda r: isinstance(r, int) and r >= token),
+        script=FENCE_RAISE,
+        restart_window=window,
+    )
+    base.check_fence_written(lock, writes, token, quorum)
+    return token
+
+
+def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
+    """Drive ``step`` with ``perform(effect) -> result``; exceptions from ``perform`` are thrown into it."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = step.throw(error) if error is not None else step.send(send)
+        except StopIteration as stop:
+            return stop.value
+        error = None
+        try:
+            send = perform(effect)
+        except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
+            send, error = None, exc
