@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -61,32 +62,37 @@ class AsyncNode:
         self.node = node
         self.name = node.name
         self.node_timeout = node.node_timeout
-        self.books = NodeBooks(node.name, node.node_timeout, node.fsync_always)
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks] = weakref.WeakKeyDictionary()
+        self._pools_lock = threading.Lock()  # several threads may each run their own loop
+        self._pid = os.getpid()
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
         kwargs.pop("connection_class", None)
         # Replies left behind by an early decision are read in the background for
         # up to the stale limit; a fan-out itself waits only node_timeout.
-        kwargs["socket_timeout"] = self.books.stale_limit
+        kwargs["socket_timeout"] = node.stale_limit
         self.kwargs = kwargs
         self.connection_class = _async_class(node)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = os.getpid()
 
-    def _check_loop(self) -> None:
+    @property
+    def books(self) -> NodeBooks:
+        """The books of the running event loop: connections belong to one loop (and one process)."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop or os.getpid() != self._pid:
-            # Connections belong to one loop (and one process): start afresh.
-            if os.getpid() == self._pid:
-                for aconn in self._conns():
-                    _abandon(aconn.conn)
-            self._loop = loop
-            self._pid = os.getpid()
-            self.books.reset()
+        books = self._pools.get(loop)
+        if books is None or os.getpid() != self._pid:
+            with self._pools_lock:
+                if os.getpid() != self._pid:
+                    self._pools = weakref.WeakKeyDictionary()  # a forked child: the parent's sockets are not ours
+                    self._pid = os.getpid()
+                books = self._pools.get(loop)
+                if books is None:
+                    books = self._pools[loop] = NodeBooks(self.node.name, self.node_timeout, self.node.fsync_always)
+        return books
 
     def _conns(self) -> list[AConn]:
-        return [conn for conn, _ in self.books.idle] + list(self.books.parked)
+        books = self.books
+        return [conn for conn, _ in books.idle] + list(books.parked)
 
     async def connect(self) -> AConn:
         conn = None
@@ -168,17 +174,6 @@ def _async_class(node: Node) -> type:
     return aredis.Connection
 
 
-def _abandon(conn: Any) -> None:
-    """Drop a connection of another event loop: abort it if that loop still runs, else leave it to GC."""
-    transport = getattr(getattr(conn, "_writer", None), "transport", None)
-    loop = getattr(transport, "_loop", None)
-    try:
-        if transport is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(transport.abort)
-    except Exception:  # noqa: BLE001
-        pass
-
-
 async def _adisconnect(conn: Any) -> None:
     try:
         await conn.disconnect()
@@ -211,8 +206,6 @@ async def afanout(
     owe: tuple[str, str, float] | None = None,
 ) -> list[Any]:
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
-    for anode in anodes:
-        anode._check_loop()
     now = time.monotonic()
     loop = asyncio.get_running_loop()
     rnd = Round(
@@ -387,14 +380,15 @@ class AsyncLockContext(ContextBase):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-        if self.lock is not None:
-            await self.lock.__aexit__(exc_type, exc, tb)
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                # wait() does not raise the keep-alive's own cancellation; a cancellation
+                # of the caller still propagates, after the release below.
+                await asyncio.wait({self._task})
+        finally:
+            if self.lock is not None:
+                await self.lock.__aexit__(exc_type, exc, tb)
 
 
 def _keep_alive(

@@ -134,8 +134,20 @@ def _config_value(reply: Any) -> str:
     return ""
 
 
-def learn(replies: Sequence[Any], received: float) -> Restart:
-    """Turn the probe's three replies (errors included) into a :class:`Restart`."""
+def _denied(reply: Any) -> bool:
+    """INFO refused for good: no permission, or the command renamed away."""
+    text = str(reply)
+    return text.startswith(("NOPERM", "ERR unknown command", "unknown command"))
+
+
+def learn(replies: Sequence[Any], received: float) -> Restart | None:
+    """Turn the probe's three replies (errors included) into a :class:`Restart`.
+
+    None when INFO failed for a passing reason (BUSY, LOADING...): the restart
+    state stays unknown and the next vote probes again.
+    """
+    if isinstance(replies[0], Exception) and not _denied(replies[0]):
+        return None
     info = parse_info(replies[0]) if not isinstance(replies[0], Exception) else {}
     durable = _config_value(replies[1]) == "yes" and _config_value(replies[2]) == "always"
     try:
@@ -181,56 +193,73 @@ def vote_refusal(restart: Restart | None, window: float, now: float, fsync_alway
 
 
 class Debt:
-    __slots__ = ("key", "value", "until", "sure", "paid_at")
+    __slots__ = ("key", "value", "until", "paid_at")
 
-    def __init__(self, key: str, value: str, until: float, sure: bool, paid_at: float) -> None:
+    def __init__(self, key: str, value: str, until: float, paid_at: float) -> None:
         self.key = key
         self.value = value
         #: After this (monotonic) time the key has surely expired: forget the debt.
         self.until = until
-        #: False when a SET of this value may still land (its connection was dropped
-        #: unanswered): then only a reply of 1 (deleted) proves the key gone.
-        self.sure = sure
         #: When a release for it was last written (not again while that one is in flight).
         self.paid_at = paid_at
 
 
 class Ledger:
-    """One node's books: release debts and SETs whose fate is unknown. Guard with the node's mutex."""
+    """One node's books: release debts and the SETs still in flight. Guard with the node's mutex.
+
+    A release's reply of 1 settles its debt. A reply of 0 settles it only when
+    no SET of that value can still land on the node: none unanswered on a
+    live connection, none on a connection that was dropped unanswered.
+    """
 
     def __init__(self) -> None:
         self.debts: dict[tuple[str, str], Debt] = {}
+        # (key, value) -> SETs written and not answered yet, on live connections
+        self.unanswered: dict[tuple[str, str], int] = {}
         # (key, value) -> until: SETs written on a connection dropped before they were answered
         self.lost_sets: dict[tuple[str, str], float] = {}
 
+    def set_sent(self, key: str, value: str) -> None:
+        pair = (key, value)
+        self.unanswered[pair] = self.unanswered.get(pair, 0) + 1
+
+    def set_answered(self, key: str, value: str) -> None:
+        pair = (key, value)
+        left = self.unanswered.get(pair, 0) - 1
+        if left > 0:
+            self.unanswered[pair] = left
+        else:
+            self.unanswered.pop(pair, None)
+
     def owe(self, key: str, value: str, until: float, now: float) -> None:
         """Record that a release of ``value`` is owed (a release is being written now)."""
-        sure = self.lost_sets.get((key, value), 0.0) <= now
         debt = self.debts.get((key, value))
         if debt is None:
-            self.debts[(key, value)] = Debt(key, value, until, sure, now)
+            self.debts[(key, value)] = Debt(key, value, until, now)
         else:
             debt.until = max(debt.until, until)
-            debt.sure = debt.sure and sure
             debt.paid_at = now
 
-    def settle(self, key: str | None, value: str | None, reply: Any) -> None:
+    def settle(self, key: str | None, value: str | None, reply: Any, now: float) -> None:
         """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
-        debt = self.debts.get((key, value))  # type: ignore[arg-type]
+        pair = (key, value)
+        debt = self.debts.get(pair)  # type: ignore[arg-type]
         if debt is None:
             return
-        if reply == 1 or (reply == 0 and debt.sure):
-            del self.debts[(key, value)]  # type: ignore[arg-type]
+        if reply == 1 or (
+            reply == 0 and pair not in self.unanswered and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
+        ):
+            del self.debts[pair]  # type: ignore[arg-type]
 
     def dropped(self, entries: Sequence[Entry], until: float) -> None:
         """A connection was dropped with these entries unanswered: their bytes may still arrive."""
         for entry in entries:
             if entry.kind == SET:
                 pair = (entry.key, entry.value)
+                self.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
                 self.lost_sets[pair] = max(self.lost_sets.get(pair, 0.0), until)  # type: ignore[index]
                 debt = self.debts.get(pair)  # type: ignore[arg-type]
                 if debt is not None:
-                    debt.sure = False
                     debt.until = max(debt.until, until)
 
     def due(self, now: float, retry_after: float) -> list[Debt]:

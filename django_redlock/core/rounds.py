@@ -131,18 +131,22 @@ class NodeBooks:
         """True while a reply from this node is overdue by more than the node timeout."""
         return any(conn.expect and now - since > self.node_timeout for conn, since in self.parked.items())
 
-    def choose(self, for_key: str | None, allow_lagging: bool, now: float) -> tuple[str, Any, float | None]:
+    def choose(
+        self, after: tuple[str, str] | None, allow_lagging: bool, now: float
+    ) -> tuple[str, Any, float | None]:
         """``(PARKED, conn, since)``, ``(IDLE, conn, idle since)`` or ``(NEW, None, None)``.
 
-        With ``for_key``, a parked connection that still carries a command for
-        that key comes first, so the new command stays ordered after it. Raises
+        With ``after=(key, value)``, a parked connection that still carries a
+        command for that key and value (its SET) comes first, so the new command
+        (its release) stays ordered after it. Raises
         :class:`NodeUnavailable` for a node that is lagging (when not allowed)
         or cooling off after a failed connect.
         """
         if self.parked:
-            if for_key is not None:
+            if after is not None:
+                key, value = after
                 for conn, since in self.parked.items():
-                    if len(conn.expect) < MAX_PENDING and any(e.key == for_key for e in conn.expect):
+                    if len(conn.expect) < MAX_PENDING and any(e.key == key and e.value == value for e in conn.expect):
                         del self.parked[conn]
                         return PARKED, conn, since
             if not allow_lagging and self.lagging(now):
@@ -205,6 +209,8 @@ class NodeBooks:
             extra.extend(PROBE)
             conn.probing = True
             expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+        if mine.kind == ledger.SET:
+            self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
         expect.append(mine)
         return extra
 
@@ -221,7 +227,9 @@ class NodeBooks:
         entry = conn.expect.popleft()
         kind = entry.kind
         if kind == ledger.RELEASE:
-            self.ledger.settle(entry.key, entry.value, reply)
+            self.ledger.settle(entry.key, entry.value, reply, now)
+        elif kind == ledger.SET:
+            self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
@@ -238,9 +246,12 @@ class NodeBooks:
         conn.probe_replies.append(reply)
         if len(conn.probe_replies) < len(PROBE):
             return
-        conn.restart = self.restart = ledger.learn(conn.probe_replies, now)
+        restart = ledger.learn(conn.probe_replies, now)
         conn.probe_replies = []
         conn.probing = False
+        if restart is None:
+            return  # a passing error (BUSY, LOADING): still unknown; the next vote probes again
+        conn.restart = self.restart = restart
         if conn.restart.uptime is None and not conn.restart.durable and not self.denied_warned:
             self.denied_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.DENIED)
@@ -314,8 +325,11 @@ class Round:
         if self.commands[i] is None:
             self.results[i] = Failure("skipped")
             return None
+        after = None
+        if self.ordered_after_key is not None and self.is_release:
+            after = (self.ordered_after_key, self.commands[i][4])  # type: ignore[index]
         try:
-            return self.books[i].choose(self.ordered_after_key, self.allow_lagging, now)
+            return self.books[i].choose(after, self.allow_lagging, now)
         except NodeUnavailable as exc:
             self.results[i] = Failure(str(exc))
             return None
