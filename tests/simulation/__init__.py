@@ -32,7 +32,8 @@ SIGSTOP pauses that buffer input. TCP connections (:mod:`.network`) with
 per-connection FIFO, random and late delays, connection resets where bytes
 already sent may still land, refused connections, silent peers after power
 loss, partitions that hold bytes, client GC pauses and client deaths.
-:mod:`.faults` schedules random faults from the chooser.
+:mod:`.faults` schedules random faults from the chooser; :func:`.scenario.build`
+puts a world together in one call.
 
 Not modelled
 ------------
@@ -60,6 +61,7 @@ from .faults import FaultConfig, Nemesis
 from .invariants import Checker, Holding, Violation
 from .network import ConnectionBroken, NetConfig, Network, SimConnection
 from .redis_model import SimNode, parse_commands
+from .scenario import Sim, build
 from .world import Chooser, Exhaustive, Process, RandomChooser, World, explore
 
 __all__ = [
@@ -77,9 +79,11 @@ __all__ = [
     "Process",
     "RandomChooser",
     "SimConnection",
+    "Sim",
     "SimNode",
     "Violation",
     "World",
+    "build",
     "drifting_clock",
     "explore",
     "parse_commands",

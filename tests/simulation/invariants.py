@@ -11,7 +11,9 @@ so it judges each report against the world's real state:
 (b) fencing: tokens order like acquisitions on each resource, strictly;
 (c) honest validity: when a lock (or an extension) is returned, a quorum of
     nodes stores the holder's value for at least the reported validity, in
-    true time, each node's remaining ttl measured on its own clock;
+    true time, each node's remaining ttl measured on its own clock (a node
+    that lost the key in a crash and is still down counts as keeping it: it
+    votes for no one; if it rejoins too early, (a) catches the consequence);
 (d) nothing left behind: once a holder released or gave up a value, and no
     fault or late delivery happened for one ttl (+ drift + slack), no node
     stores that value;
@@ -194,6 +196,13 @@ class Checker:
         seen = []
         for node in self.nodes:
             found = node.peek(key)
+            down = ""
+            if found is None:
+                # A node down since a crash that lost the key votes for no one while down:
+                # it keeps the lock as well as if it still held the key (a restart that
+                # comes too early is caught by (a), not here).
+                found = node.peek_lost(key)
+                down = " (down, lost in crash)"
             if found is None:
                 seen.append(f"{node.name}: none")
                 continue
@@ -201,7 +210,7 @@ class Checker:
             if value != h.value:
                 seen.append(f"{node.name}: other value")
                 continue
-            seen.append(f"{node.name}: {'no ttl' if left is None else f'{left:.6f}s'}")
+            seen.append(f"{node.name}: {'no ttl' if left is None else f'{left:.6f}s'}{down}")
             if left is None or left >= validity_true - EPS:
                 good.append(node.name)
         assert self.quorum is not None

@@ -78,6 +78,11 @@ def _ignore(*_args: Any) -> None:
     return None
 
 
+def _finished(conn: SimConnection) -> bool:
+    """Nothing more can happen on it: the client is done and no byte is in flight."""
+    return conn.state in ("closed", "broken") and not conn.in_flight()
+
+
 class SimConnection:
     """The client's end of one TCP connection to one node.
 
@@ -142,9 +147,9 @@ class Network:
         self.world = world
         self.config = config or NetConfig()
         self.partitioned: set[tuple[str, str]] = set()
-        self.connections: list[SimConnection] = []
+        self._by_node: dict[str, list[SimConnection]] = {}
         self._per_client: dict[str, int] = {}
-        self._watched: set[str] = set()
+        self._watched_nodes: list[SimNode] = []
         self.messages = 0
 
     # -- the client driver's entry point -----------------------------------------
@@ -155,7 +160,7 @@ class Network:
         n = self._per_client.get(client.name, 0) + 1
         self._per_client[client.name] = n
         conn = SimConnection(self, client, node, f"{client.name}#{n}")
-        self.connections.append(conn)
+        self._by_node.setdefault(node.name, []).append(conn)
         self.world.note(client.name, "connect", conn.name, "->", node.name)
         self._enqueue(conn.up, SYN, None)
         return conn
@@ -172,8 +177,8 @@ class Network:
 
     def partition(self, node: SimNode, clients: Sequence[Process] | None = None,
                   duration: float | None = None) -> None:
-        """Hold all bytes between ``node`` and ``clients`` (all known clients if None)."""
-        names = self._client_names(clients)
+        """Hold all bytes between ``node`` and ``clients`` (None: every client, also future ones)."""
+        names = ["*"] if clients is None else [c.name for c in clients]
         for name in names:
             link = (name, node.name)
             if link not in self.partitioned:
@@ -184,27 +189,31 @@ class Network:
             self.world.after(duration, self.heal, node, clients)
 
     def heal(self, node: SimNode, clients: Sequence[Process] | None = None) -> None:
-        """End a partition; per connection, deliver the held bytes or reset (chosen)."""
-        names = self._client_names(clients)
-        healed = [n for n in names if (n, node.name) in self.partitioned]
+        """End a partition; per connection, deliver the held bytes or reset (chosen).
+
+        ``clients=None`` heals every link of ``node``.
+        """
+        if clients is None:
+            healed = [name for name, n in self.partitioned if n == node.name]
+        else:
+            healed = [c.name for c in clients if (c.name, node.name) in self.partitioned]
         if not healed:
             return
-        self.world.note("net", "HEAL", node.name, "from", ",".join(healed))
+        self.world.note("net", "HEAL", node.name, "from", ",".join(sorted(healed)))
         for name in healed:
             self.partitioned.discard((name, node.name))
-        for conn in self.connections:
-            if conn.node is not node or conn.client.name not in healed or not conn.in_flight():
+        for conn in self.connections_of(node):
+            if not conn.in_flight() or self._cut(conn):
                 continue
             if conn.dead:  # reset while partitioned: the RST (and kept bytes) now get through
                 self._restamp(conn.up)
                 self._restamp(conn.down)
+            elif self.world.chance(0.5, "heal resets"):
+                self._reset(conn, "connection reset (partition)", keep_prefix=True)
             else:
-                if self.world.chance(0.5, "heal resets"):
-                    self._reset(conn, "connection reset (partition)", keep_prefix=True)
-                else:
-                    self._restamp(conn.up)
-                    self._restamp(conn.down)
-        for name in healed:
+                self._restamp(conn.up)
+                self._restamp(conn.down)
+        for name in sorted(healed):
             self.world.fault_end(f"partition:{name}-{node.name}")
 
     def pause_client(self, client: Process, duration: float) -> None:
@@ -222,28 +231,31 @@ class Network:
     def in_flight(self) -> int:
         return sum(c.in_flight() for c in self.connections)
 
-    def forget_closed(self) -> None:
-        """Drop finished connections from the registry (long runs)."""
-        self.connections = [c for c in self.connections if not (c.state in ("closed", "broken") and not c.in_flight())]
+    def connections_of(self, node: SimNode) -> list[SimConnection]:
+        """The node's connections that still matter (finished ones are forgotten here)."""
+        conns = self._by_node.get(node.name, [])
+        live = [c for c in conns if not _finished(c)]
+        if len(live) != len(conns):
+            self._by_node[node.name] = live
+        return live
+
+    @property
+    def connections(self) -> list[SimConnection]:
+        """Every connection that still matters, node by node."""
+        return [c for node in list(self._watched_nodes) for c in self.connections_of(node)]
 
     # -- internals -------------------------------------------------------------------
 
-    def _client_names(self, clients: Sequence[Process] | None) -> list[str]:
-        if clients is not None:
-            return [c.name for c in clients]
-        return sorted({c.client.name for c in self.connections} | set(self._per_client))
-
     def _watch(self, node: SimNode) -> None:
-        if node.name not in self._watched:
-            self._watched.add(node.name)
+        if node not in self._watched_nodes:
+            self._watched_nodes.append(node)
             node.crash_listeners.append(lambda: self._node_crashed(node))
             node.resume_listeners.append(lambda: self._node_resumed(node))
 
     def _node_resumed(self, node: SimNode) -> None:
         # A paused node stalls its inbound pipes; on resume they are pumped again.
-        for conn in self.connections:
-            if conn.node is node:
-                self._unstall(conn.up)
+        for conn in self.connections_of(node):
+            self._unstall(conn.up)
 
     def _delay(self) -> tuple[float, bool]:
         cfg = self.config
@@ -268,9 +280,14 @@ class Network:
         pipe.scheduled = True
         self.world.at(at, self._pump, pipe, pipe.token, proc=pipe.proc)
 
+    def _cut(self, conn: SimConnection) -> bool:
+        """Is the link of ``conn`` partitioned now?"""
+        p = self.partitioned
+        return bool(p) and ((conn.client.name, conn.node.name) in p or ("*", conn.node.name) in p)
+
     def _blocked(self, pipe: _Pipe, msg: _Message) -> bool:
         conn = pipe.conn
-        if conn.link in self.partitioned and not msg.buffered:
+        if self.partitioned and not msg.buffered and self._cut(conn):
             return True
         return pipe.to_node and msg.kind in (DATA, FIN) and conn.node.proc.frozen
 
@@ -395,8 +412,8 @@ class Network:
             self._enqueue(down, RST, reason)
 
     def _node_crashed(self, node: SimNode) -> None:
-        for conn in self.connections:
-            if conn.node is not node or conn.dead:
+        for conn in self.connections_of(node):
+            if conn.dead:
                 continue
             conn.server_open = False
             if self.world.chance(self.config.silent_crash_chance, "crash is silent"):

@@ -142,6 +142,8 @@ class SimNode:
         self.deny_config = deny_config
         #: key -> [value, expiry on the node's clock or None]
         self.data: dict[bytes, list[Any]] = {}
+        #: While down after a crash that lost data: what it lost (the checker's view).
+        self.lost: dict[bytes, list[Any]] = {}
         self.scripts: set[str] = set()
         self.up = False
         self.run_id = ""
@@ -163,7 +165,8 @@ class SimNode:
         self.up = False
         self.world.note(self.name, "CRASH", "(data kept: fsync always)" if self.fsync_always else "(data lost)")
         if not self.fsync_always:
-            self.data.clear()
+            self.lost = self.data
+            self.data = {}
         self.scripts.clear()
         if self.proc.frozen:  # a paused node that dies: its buffered input dies with it
             self.proc.frozen = False
@@ -178,6 +181,7 @@ class SimNode:
         if self.up:
             return
         self.up = True
+        self.lost = {}
         self.restarts += 1 if self.run_id else 0
         self.run_id = self.world.token(20)
         self.started_local = self.clock.now()
@@ -222,6 +226,16 @@ class SimNode:
         if entry[1] is None:
             return entry[0], None
         return entry[0], self.clock.true_duration(entry[1] - self.clock.now())
+
+    def peek_lost(self, key: Any) -> tuple[bytes, float | None] | None:
+        """Like :meth:`peek`, for a key this node lost in a crash and is still down from."""
+        entry = self.lost.get(_b(key))
+        if self.up or entry is None:
+            return None
+        if entry[1] is None:
+            return entry[0], None
+        left = entry[1] - self.clock.now()
+        return (entry[0], self.clock.true_duration(left)) if left > 0 else None
 
     def holders(self) -> dict[bytes, bytes]:
         """Every live key and its value."""
