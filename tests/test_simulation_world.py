@@ -8,6 +8,7 @@ a correct one; the rest pins down the Redis model, the network and replay.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from redis.exceptions import NoScriptError, ResponseError
@@ -44,7 +45,8 @@ class ToyClient:
     still usable (FIFO: after the SET), else on a new one.
     """
 
-    def __init__(self, sim, name, *, ttl=1.0, quorum=None, honest=True, timeout=0.05, resources=("r",)):
+    def __init__(self, sim, name, *, ttl=1.0, quorum=None, honest=True, timeout=0.05, resources=("r",),
+                 px_factor=1.0, attempts=None):
         self.world, self.net, self.nodes, self.checker = sim.world, sim.network, sim.nodes, sim.checker
         nodes = self.nodes
         self.proc = sim.client(name)
@@ -53,12 +55,16 @@ class ToyClient:
         self.resources = resources
         self.round = 0
         self.conns = []
+        self.px = int(ttl * px_factor * 1000)  # px_factor > 1: keys outlive the ttl (a mutant)
+        self.attempts = attempts
 
     def start(self):
         self.proc.after_local(self.world.uniform(0, 0.05, "toy start"), self.attempt)
 
     def attempt(self):
         w, p = self.world, self.proc
+        if self.attempts is not None and self.round >= self.attempts:
+            return
         self.round += 1
         rnd = self.round
         self.resource = w.choose(self.resources, "toy resource")
@@ -71,7 +77,7 @@ class ToyClient:
             conn = self.net.connect(p, node)
             conn.on_reply = lambda reply, rnd=rnd: self.on_reply(rnd, reply)
             conn.on_broken = lambda reason, rnd=rnd: self.on_reply(rnd, None)
-            conn.send([("SET", f"redlock:lock:{self.resource}", self.value, "NX", "PX", int(self.ttl * 1000))])
+            conn.send([("SET", f"redlock:lock:{self.resource}", self.value, "NX", "PX", self.px)])
             self.conns.append(conn)
         self.timer = p.after_local(self.timeout, self.decide, rnd)
 
@@ -186,6 +192,31 @@ def test_drift_beyond_the_bound_is_caught():
     assert "(a) exclusion" in message or "(c) validity" in message
 
 
+def test_keys_outliving_the_ttl_are_caught():
+    seed, message = first_violation(range(300), px_factor=10.0)
+    assert seed is not None and "(d) leftover" in message
+
+
+def test_exhaustive_small_scope_toy_clients():
+    """2 toy clients, 3 nodes, one attempt each: the first 2**10 delivery schedules, enumerated."""
+
+    def run(quorum):
+        def one(chooser):
+            sim = build(0, nodes=3, share=0.0, chooser=chooser,
+                        net=NetConfig(min_delay=0.001, max_delay=0.004, late_chance=0.0))
+            sim.checker.quorum = quorum
+            for name in ("a", "b"):
+                ToyClient(sim, name, quorum=quorum, attempts=1).start()
+            sim.world.run_until(3.0)
+
+        return one
+
+    assert explore(run(2), max_depth=10) == 2 ** 10
+    with pytest.raises(Violation, match=r"\(a\) exclusion") as caught:
+        explore(run(1), max_depth=10)
+    assert "choices: " in str(caught.value)
+
+
 def test_leftover_and_progress_checks_fire():
     w = World(1)
     net = Network(w)
@@ -284,7 +315,7 @@ def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     reply = n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "other"))
     assert isinstance(reply, NoScriptError) and str(reply).startswith("NOSCRIPT")
     assert n.execute(("EVAL", RELEASE.source, 1, KEY, "other")) == 0
-    assert n.execute(("EVALSHA", EXTEND.sha, 1, KEY, "v", 5000)) == 0 or True  # EXTEND not loaded yet
+    assert isinstance(n.execute(("EVALSHA", EXTEND.sha, 1, KEY, "v", 5000)), NoScriptError)
     assert n.execute(("EVAL", EXTEND.source, 1, KEY, "v", 5000)) == 1
     assert n.execute(("PTTL", KEY)) == 5000
     assert n.execute(("EVAL", EXTEND.source, 1, KEY, "nope", 9000)) == 0
@@ -505,7 +536,42 @@ def test_exhaustive_two_writers_every_delivery_order():
     assert winners == {b"a", b"b"} and runs == 2 ** 8
 
 
-def test_exhaustive_depth_bound():
-    chooser = Exhaustive(max_depth=3)
-    count = explore(lambda c: [World(0, chooser=c).choose("ab", "x") for _ in range(10)], max_depth=3)
-    assert count == 8 and chooser.runs == 1
+def test_exhaustive_depth_bound_and_path():
+    def run(chooser):
+        w = World(0, chooser=chooser)
+        [w.choose("ab", "x") for _ in range(10)]
+
+    assert explore(run, max_depth=3) == 8
+    chooser = Exhaustive()
+    World(0, chooser=chooser).uniform(0.0, 1.0, "d")
+    assert chooser.advance() and chooser.path() == [("d", 1, 2)]
+    assert World(0, chooser=chooser).uniform(0.0, 1.0, "d") == 1.0 and not chooser.advance()
+
+
+def test_replay_does_not_depend_on_hash_randomization():
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib; from tests.test_simulation_world import toy_run; "
+        "w, c, _ = toy_run(11, seconds=10); "
+        "print(hashlib.sha1(chr(10).join(w.trace_lines()).encode()).hexdigest(), w.events_run)"
+    )
+    root = str(Path(__file__).parents[1])
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=root).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outs) == 1
+
+
+def test_killed_client_sockets_close_but_sent_bytes_land():
+    w, net, node, client = net_world()
+    conn = net.connect(client, node)
+    conn.send([("SET", KEY, "dead", "NX", "PX", 1000)])
+    fired = []
+    client.after_local(0.5, lambda: fired.append(1))
+    net.kill_client(client)
+    w.run()
+    assert conn.state == "closed" and not fired and node.execute(("GET", KEY)) == b"dead"

@@ -62,6 +62,7 @@ class Holding:
 
 @dataclass
 class _Gone:
+    client: str
     value: bytes
     resource: str
     since: float
@@ -92,7 +93,8 @@ class Checker:
     by_value: dict[bytes, Holding] = field(default_factory=dict)
     acquisitions: int = 0
     last_acquired_at: float = -math.inf
-    violations_checked: int = 0
+    #: How many (d) checks concluded (a value was looked for on every node).
+    leftover_checks: int = 0
 
     def __post_init__(self) -> None:
         if self.quorum is None:
@@ -230,7 +232,7 @@ class Checker:
         self.world.note(client.name, what, resource, v)
         min_rate = min(n.clock.rate for n in self.nodes)
         bound = (ttl if ttl is not None else self.ttl) / min_rate + self.slack
-        gone = _Gone(v, resource, now, bound)
+        gone = _Gone(client.name, v, resource, now, bound)
         self._gone_pending += 1
         self.world.after(bound, self._check_gone, gone)
 
@@ -240,14 +242,16 @@ class Checker:
         if world.faults:
             world.after(gone.bound / 4, self._check_gone, gone)  # wait for the faults to heal
             return
-        if world.disturbed_at > gone.since:
-            gone.since = world.disturbed_at
+        disturbed = world.disturbed_since(gone.client)
+        if disturbed > gone.since:
+            gone.since = disturbed
         due = gone.since + gone.bound
         if world.now < due - EPS:
             world.at(due, self._check_gone, gone)
             return
         left = [n.name for n in self.nodes if n.holds_value(gone.value)]
         self._gone_pending -= 1
+        self.leftover_checks += 1
         if left:
             self._fail(
                 f"(d) leftover: value {gone.value[:12]!r}.. of {gone.resource!r} given up at "

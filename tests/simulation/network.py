@@ -173,7 +173,7 @@ class Network:
             return
         self.world.note("net", "DROP", conn.name)
         self._reset(conn, reason, keep_prefix=True)
-        self.world.disturbed()
+        self.world.disturbed(conn.client.name)
 
     def partition(self, node: SimNode, clients: Sequence[Process] | None = None,
                   duration: float | None = None) -> None:
@@ -306,8 +306,8 @@ class Network:
                 pipe.stalled = True
                 return
             queue.popleft()
-            if msg.late:
-                self.world.disturbed()
+            if msg.late and pipe.to_node:
+                self.world.disturbed(pipe.conn.client.name)
             if pipe.to_node:
                 self._at_node(pipe.conn, msg)
             else:

@@ -205,8 +205,10 @@ class World:
         self.processes: dict[str, Process] = {}
         #: Names of faults now in force (a partition, a paused node, a frozen client...).
         self.faults: set[str] = set()
-        #: Last true time a fault ended or something unusual (late bytes) landed.
+        #: Last true time a fault ended (any fault disturbs every client's keys).
         self.disturbed_at = 0.0
+        #: Per client: last true time bytes of that client landed unusually (late, after a reset).
+        self.disturbed_by: dict[str, float] = {}
 
     # time and events
 
@@ -307,9 +309,16 @@ class World:
         self.faults.discard(name)
         self.disturbed_at = self.now
 
-    def disturbed(self) -> None:
-        """Mark now as the last unusual event (e.g. late bytes reached a node)."""
-        self.disturbed_at = self.now
+    def disturbed(self, client: str | None = None) -> None:
+        """Mark now as the last unusual event: for one client's bytes, or for everyone."""
+        if client is None:
+            self.disturbed_at = self.now
+        else:
+            self.disturbed_by[client] = self.now
+
+    def disturbed_since(self, client: str) -> float:
+        """When ``client``'s keys were last disturbed (a fault, or its own late bytes)."""
+        return max(self.disturbed_at, self.disturbed_by.get(client, 0.0))
 
     # choices
 
