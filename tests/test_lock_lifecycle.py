@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from django_redlock.core import Hooks, LockManager
-from django_redlock.core import lock as lock_module
+from django_redlock.core import manager as manager_module
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 
@@ -204,7 +204,7 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
 
     mgr = LockManager(servers.urls, retry_count=0, restart_window=0, hooks=Record())
     extending, released, judged = threading.Event(), threading.Event(), threading.Event()
-    real_fanout = lock_module.fanout
+    real_fanout = manager_module.fanout
 
     def fanout(nodes, commands, **kwargs):
         if kwargs.get("script") is EXTEND and not extending.is_set():
@@ -212,7 +212,7 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
             released.wait(5)  # the release runs while this EXTEND is "on the wire"
         return real_fanout(nodes, commands, **kwargs)
 
-    monkeypatch.setattr(lock_module, "fanout", fanout)
+    monkeypatch.setattr(manager_module, "fanout", fanout)
     on_lost = []
     try:
         with mgr.lock("inflight", ttl=0.3, auto_extend=True, on_lost=on_lost.append) as lock:

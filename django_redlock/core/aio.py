@@ -27,10 +27,10 @@ from django_redlock.core import base, steps
 from django_redlock.core.base import ManagerBase, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
-from django_redlock.core.nodes import Node, describe, pack, script_command
+from django_redlock.core.nodes import Node, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus
-from django_redlock.core.scripts import EXTEND, INSPECT, Script
+from django_redlock.core.scripts import INSPECT, Script
 from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
@@ -299,20 +299,8 @@ class AsyncLock(LockBase):
         await self._extend(ttl, counted=True)
 
     async def _extend(self, ttl: float | None, *, counted: bool) -> None:
-        new_ttl = self._check_extendable(ttl, counted)
         manager = self.manager
-        old_deadline = self._deadline
-        started = time.monotonic()
-        command = script_command(EXTEND, [self.key], [self.value, base.ms(new_ttl)])
-        results = await manager._fanout(
-            [command] * len(manager.node_list),
-            timeout=self._extend_timeout(),
-            done=base.until_outcome(manager.quorum, len(manager.node_list), lambda r: r == 1),
-            script=EXTEND,
-            keys=[self.key],
-            allow_lagging=False,
-        )
-        self._judge_extend(results, started, old_deadline, new_ttl)
+        await manager._run(steps.extend(self, ttl, counted, manager.quorum, len(manager.node_list)))
 
     async def release(self) -> bool:
         """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""

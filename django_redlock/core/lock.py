@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.core import base
-from django_redlock.core.nodes import Failure, fanout, script_command
+from django_redlock.core import base, steps
+from django_redlock.core.nodes import Failure, fanout
 from django_redlock.core.records import Holder
-from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -257,22 +255,8 @@ class Lock(LockBase):
         self._extend(ttl, counted=True)
 
     def _extend(self, ttl: float | None, *, counted: bool) -> None:
-        new_ttl = self._check_extendable(ttl, counted)
         manager = self.manager
-        nodes = manager.node_list
-        old_deadline = self._deadline
-        started = time.monotonic()
-        command = script_command(EXTEND, [self.key], [self.value, base.ms(new_ttl)])
-        results = fanout(
-            nodes,
-            [command] * len(nodes),
-            timeout=self._extend_timeout(),
-            done=base.until_outcome(manager.quorum, len(nodes), lambda r: r == 1),
-            script=EXTEND,
-            keys=[self.key],
-            allow_lagging=False,
-        )
-        self._judge_extend(results, started, old_deadline, new_ttl)
+        steps.run_sync(steps.extend(self, ttl, counted, manager.quorum, len(manager.node_list)), manager._perform)
 
     def release(self) -> bool:
         """Delete this holder's key on every node (never another holder's).

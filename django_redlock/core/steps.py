@@ -22,9 +22,9 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.scripts import FENCE_RAISE, RELEASE, Script
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE, Script
 
-__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "fence", "release_fan"]
+__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
 
 
 class Fan:
@@ -133,6 +133,22 @@ def acquire(
         yield Sleep(pause)
     ttls = yield Fan([("PTTL", plan.key)] * total, allow_lagging=False)
     raise plan.error(names, quorum, base.retry_after_of(ttls, quorum))
+
+
+def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
+    """Reset the lock's ttl on a quorum, within its current validity; see :meth:`Lock.extend`."""
+    new_ttl = lock._check_extendable(ttl, counted)
+    old_deadline = lock._deadline
+    started = yield NOW
+    command = ("EVALSHA", EXTEND.sha, 1, lock.key, lock.value, base.ms(new_ttl))
+    results = yield Fan(
+        [command] * total,
+        timeout=lock._extend_timeout(),
+        done=base.until_outcome(quorum, total, lambda r: r == 1),
+        script=EXTEND,
+        allow_lagging=False,
+    )
+    lock._judge_extend(results, started, old_deadline, new_ttl)
 
 
 def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Step:
