@@ -232,8 +232,13 @@ class NodeBooks:
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
-        if entry.retry is not None and type(reply).__name__ == "NoScriptError":
+        if (
+            entry.retry is not None
+            and type(reply).__name__ == "NoScriptError"
+            and (entry.waiter is not None or kind == ledger.RELEASE)
+        ):
             # The node forgot the script (a restart): send its source, once, in the same order.
+            # Nobody waits any more: only a release is still worth running (a late extension is not).
             again = ledger.after_noscript(entry)
             assert again is not None
             conn.expect.append(again)

@@ -121,6 +121,8 @@ def acquire(
             )
             if plan.won(results, started, quorum, (yield NOW)):
                 return plan, started
+        except GeneratorExit:
+            raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
             # Interrupted (a signal, a cancellation): release what may have been set.
             yield Background(release_fan(config, total, plan.key, plan.value, plan.ttl))

@@ -200,11 +200,12 @@ class Checker:
             found = node.peek(key)
             down = ""
             if found is None:
-                # A node down since a crash that lost the key votes for no one while down:
-                # it keeps the lock as well as if it still held the key (a restart that
-                # comes too early is caught by (a), not here).
-                found = node.peek_lost(key)
-                down = " (down, lost in crash)"
+                # A node down since a crash that lost the key votes for no one while down,
+                # nor while it sits out after its restart (up for less than the ttl): it
+                # keeps the lock as well as if it still held the key (a restart that votes
+                # too early is caught by (a), not here).
+                found = node.peek_lost(key, self.ttl)
+                down = " (lost in a crash; down or sitting out)"
             if found is None:
                 seen.append(f"{node.name}: none")
                 continue

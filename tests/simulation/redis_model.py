@@ -132,8 +132,11 @@ class SimNode:
         fsync_always: bool = False,
         deny_info: bool = False,
         deny_config: bool = False,
+        flaky_info: float = 0.0,
     ) -> None:
         self.world = world
+        #: Chance that INFO fails with a passing error (an overloaded node, a proxy hiccup).
+        self.flaky_info = flaky_info
         self.name = name
         self.proc = world.process(name, clock)
         self.clock = self.proc.clock
@@ -181,7 +184,6 @@ class SimNode:
         if self.up:
             return
         self.up = True
-        self.lost = {}
         self.restarts += 1 if self.run_id else 0
         self.run_id = self.world.token(20)
         self.started_local = self.clock.now()
@@ -227,10 +229,11 @@ class SimNode:
             return entry[0], None
         return entry[0], self.clock.true_duration(entry[1] - self.clock.now())
 
-    def peek_lost(self, key: Any) -> tuple[bytes, float | None] | None:
-        """Like :meth:`peek`, for a key this node lost in a crash and is still down from."""
+    def peek_lost(self, key: Any, window: float = 0.0) -> tuple[bytes, float | None] | None:
+        """Like :meth:`peek`, for a key this node lost in a crash: while it is down, or up for
+        less than ``window`` seconds of its own clock (a restarted node sits out that long)."""
         entry = self.lost.get(_b(key))
-        if self.up or entry is None:
+        if entry is None or (self.up and self.clock.now() - self.started_local >= window):
             return None
         if entry[1] is None:
             return entry[0], None
@@ -331,6 +334,8 @@ class SimNode:
     def _info(self, args: Sequence[Any]) -> bytes:
         if self.deny_info:
             raise _Error(NOPERM_INFO)
+        if self.flaky_info and self.world.chance(self.flaky_info, "flaky info"):
+            raise _Error("ERR INFO failed for a passing reason")
         uptime = int(self.clock.now() - self.started_local)
         return (
             b"# Server\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\n"

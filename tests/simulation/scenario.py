@@ -52,6 +52,7 @@ def build(
     net: NetConfig | None = None,
     chooser: Chooser | None = None,
     key_prefix: str = "redlock:",
+    flaky_info: float = 0.0,
 ) -> Sim:
     """A world of ``nodes`` independent masters ``node0..`` with drifting clocks.
 
@@ -64,7 +65,7 @@ def build(
     deny = [deny_info] * nodes if isinstance(deny_info, bool) else list(deny_info)
     sim_nodes = [
         SimNode(world, f"node{i}", drifting_clock(world, drift, f"node{i}", share=share),
-                fsync_always=fsync[i], deny_info=deny[i])
+                fsync_always=fsync[i], deny_info=deny[i], flaky_info=flaky_info)
         for i in range(nodes)
     ]
     checker = Checker(world, sim_nodes, ttl=ttl, key_of=lambda r: f"{key_prefix}lock:{r}")

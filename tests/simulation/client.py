@@ -1,0 +1,371 @@
+"""The simulated client driver: the engine's real core, run inside the simulated world.
+
+A :class:`SimClient` is one client process. It runs the engine's own steps
+(:mod:`django_redlock.core.steps`: acquire, extend, fence, release) and its own
+rounds and books (:mod:`django_redlock.core.rounds`): every decision is the
+engine's. This driver only does what the sync and asyncio drivers do: open
+simulated connections, write the commands a round asks for, hand each reply to
+the books, set timers on the process's own (drifting) clock, and tell the
+checker what the caller would see.
+
+What the engine normally takes from the machine comes from the world here:
+the monotonic clock is the process's (drifting) clock, the wall clock is true
+time plus a per-process error (hosts' clocks disagree a little), tokens and
+retry jitter come from the seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from django_redlock.core import base, steps
+from django_redlock.core.base import ManagerConfig
+from django_redlock.core.lock import LockBase
+from django_redlock.core.records import Holder
+from django_redlock.core.rounds import IDLE, NEW, PARKED, ConnState, Failure, NodeBooks, Round
+from django_redlock.exceptions import LockError, LockNotAcquired
+
+from .network import ConnectionBroken, SimConnection
+from .scenario import Sim
+
+__all__ = ["SimClient"]
+
+
+class SimConn(ConnState):
+    """A simulated connection carrying the books' per-connection state."""
+
+    __slots__ = ("sim", "books")
+
+    def __init__(self, sim: SimConnection, books: NodeBooks) -> None:
+        super().__init__()
+        self.sim = sim
+        self.books = books
+
+
+class SimClient:
+    """One client process running the real Redlock core against the simulated nodes."""
+
+    def __init__(
+        self,
+        sim: Sim,
+        name: str,
+        *,
+        ttl: float = 1.0,
+        max_ttl: float | None = None,
+        node_timeout: float = 0.05,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.05,
+        retry_jitter: float = 0.05,
+        restart_window: float | None = None,
+        clock_drift_factor: float | None = None,
+        wall_offset: float = 0.0,
+        fsync_declared: bool = False,
+    ) -> None:
+        self.sim = sim
+        self.world = sim.world
+        self.proc = sim.client(name)
+        self.name = name
+        self.config = ManagerConfig(
+            ttl=ttl,
+            max_ttl=max_ttl if max_ttl is not None else ttl,
+            node_timeout=node_timeout,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            restart_window=restart_window,
+            clock_drift_factor=sim.drift if clock_drift_factor is None else clock_drift_factor,
+        )
+        self.config.clock = self.proc.now
+        self.config.make_holder = self._holder
+        config = self.config
+        low = max(0.0, retry_delay - retry_jitter)
+        config.retry_pause = lambda: self.world.uniform(low, retry_delay + retry_jitter, "retry pause")  # type: ignore[method-assign]
+        self.wall_offset = wall_offset
+        self.books = [NodeBooks(node.name, node_timeout, fsync_declared) for node in sim.nodes]
+        self.names = [node.name for node in sim.nodes]
+        self.total = len(sim.nodes)
+        # The manager a lock knows about: configuration and quorum only.
+        self.manager = SimpleNamespace(config=config, node_list=self.names, quorum=self.quorum, _forget=lambda lock: None)
+        self.last_error: BaseException | None = None
+        self.acquired = 0
+        self.failed = 0
+
+    @property
+    def quorum(self) -> int:
+        return base.quorum_of(self.total)  # looked up on every use: a mutant may change it
+
+    def _holder(self, label: str | None) -> Holder:
+        return Holder(self.world.token(8), self.name, None, label, None)
+
+    # -- driving steps -----------------------------------------------------------------
+
+    def run(self, step: steps.Step, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Drive ``step`` to its end, then call ``done(result, error)``."""
+        self._advance(step, done, None, None)
+
+    def _advance(self, step: steps.Step, done: Callable[..., None], value: Any, error: BaseException | None) -> None:
+        while True:
+            try:
+                effect = step.throw(error) if error is not None else step.send(value)
+            except StopIteration as stop:
+                done(stop.value, None)
+                return
+            except Exception as exc:  # noqa: BLE001 - the operation's own outcome (LockNotAcquired...)
+                done(None, exc)
+                return
+            value, error = None, None
+            kind = type(effect)
+            if effect is steps.NOW:
+                value = self.proc.now()
+            elif effect is steps.WALL:
+                # Wall clocks are set (NTP), not free-running: true time plus this host's error.
+                value = int((self.world.now + self.wall_offset) * 1_000_000)
+            elif kind is steps.Sleep:
+                self.proc.after_local(effect.seconds, self._advance, step, done, None, None)
+                return
+            elif kind is steps.Background:
+                self.fan(effect.fan, lambda results: None)
+            elif kind is steps.Fan:
+                self.fan(effect, lambda results: self._advance(step, done, results, None))
+                return
+            else:
+                raise TypeError(f"unknown step effect {effect!r}")
+
+    # -- one round -------------------------------------------------------------------------
+
+    def fan(self, fan: steps.Fan, done: Callable[[list[Any]], None]) -> None:
+        _SimRound(self, fan, done)
+
+    def connect(self, i: int) -> SimConn:
+        books = self.books[i]
+        conn = SimConn(self.sim.network.connect(self.proc, self.sim.nodes[i]), books)
+        conn.sim.on_reply = lambda reply: self._reply(conn, reply)
+        conn.sim.on_broken = lambda reason: self._broken(conn, reason)
+        return conn
+
+    def _reply(self, conn: SimConn, reply: Any) -> None:
+        now = self.proc.now()
+        books = conn.books
+        try:
+            entry, resend = books.read(conn, reply, now)
+        except ValueError:
+            self._broken(conn, "protocol error")
+            return
+        if conn in books.parked:
+            books.parked[conn] = now  # progress
+        if resend is not None:
+            self._send(conn, [resend])
+        elif entry.waiter is not None:
+            entry.waiter.take(entry, reply, now)
+        if not conn.expect and conn in books.parked:
+            del books.parked[conn]
+            books.checkin(conn, now, now)
+
+    def _broken(self, conn: SimConn, reason: str) -> None:
+        now = self.proc.now()
+        for entry in list(conn.expect):
+            if entry.waiter is not None:
+                entry.waiter.take(entry, Failure(reason), now)
+        conn.books.drop(conn, now)
+        conn.books.idle = [(c, t) for c, t in conn.books.idle if c is not conn]
+
+    def _send(self, conn: SimConn, commands: list[tuple[Any, ...]]) -> bool:
+        try:
+            conn.sim.send(commands)
+            return True
+        except ConnectionBroken:
+            return False
+
+    def give_up_stale(self, i: int, now: float) -> None:
+        """Apply the books' stale rule to parked connections, as the sync driver does before a round."""
+        books = self.books[i]
+        for conn, since in list(books.parked.items()):
+            if not books.after_drain(conn, since, now):
+                conn.sim.close()
+
+    # -- a workload ---------------------------------------------------------------------------
+
+    fencing = True
+
+    def session(self, resources: list[str], until: float) -> None:
+        """Loop until true time ``until``: acquire, maybe fence and extend, hold, release."""
+        if self.world.now >= until or not self.proc.alive:
+            return
+        world = self.world
+        resource = world.choose(resources, "resource")
+        blocking = world.chance(0.5, "blocking")
+        timeout = world.choose([None, 0.05, 0.3], "timeout") if blocking else None
+        values: list[str] = []
+        step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
+        watch = _Watch(step, values)
+
+        def acquired(result: Any, error: BaseException | None) -> None:
+            for value in values[:-1] if error is None else values:
+                self.sim.checker.gave_up(self.proc, resource, value, self.config.ttl)
+            if error is not None:
+                self.failed += 1
+                self.last_error = error
+                if not isinstance(error, LockNotAcquired):
+                    raise error
+                self.proc.after_local(world.uniform(0.0, 0.05, "think"), self.session, resources, until)
+                return
+            plan, started = result
+            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, started)
+            self.acquired += 1
+            self.sim.checker.acquired(self.proc, resource, lock.value, lock.validity,
+                                      deadline_local=lock._deadline)
+            self._hold(lock, resources, until, self.fencing)
+
+        self.run(watch, acquired)
+
+    def _hold(self, lock: LockBase, resources: list[str], until: float, fencing: bool) -> None:
+        world = self.world
+
+        def release() -> None:
+            self.sim.checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
+            lock.released = True
+            self.fan(steps.release_fan(self.config, self.total, lock.key, lock.value, lock.ttl),
+                     lambda results: self.proc.after_local(world.uniform(0.0, 0.05, "think"),
+                                                           self.session, resources, until))
+
+        def work() -> None:
+            if not lock.locked():
+                return release()
+            if world.chance(0.3, "extend"):
+                def extended(_: Any, error: BaseException | None) -> None:
+                    if error is None:
+                        self.sim.checker.extended(self.proc, lock.resource, lock.value, lock.validity,
+                                                  deadline_local=lock._deadline)
+                        self.proc.after_local(world.uniform(0.0, lock.ttl / 2, "hold"), release)
+                    elif isinstance(error, LockError):
+                        release()
+                    else:
+                        raise error
+
+                self.run(steps.extend(lock, None, True, self.quorum, self.total), extended)
+                return
+            self.proc.after_local(world.uniform(0.0, lock.ttl / 2, "hold"), release)
+
+        if fencing and world.chance(0.5, "fence"):
+            def fenced(token: Any, error: BaseException | None) -> None:
+                if error is None:
+                    self.sim.checker.fenced(self.proc, lock.resource, lock.value, token)
+                    work()
+                elif isinstance(error, LockError):
+                    release()
+                else:
+                    raise error
+
+            self.run(steps.fence(lock, self.config, self.quorum, self.total), fenced)
+        else:
+            work()
+
+
+class _Watch:
+    """Wrap an acquire step to note every attempt's value (from its SET commands)."""
+
+    def __init__(self, step: steps.Step, values: list[str]) -> None:
+        self.step = step
+        self.values = values
+
+    def _see(self, effect: Any) -> Any:
+        if type(effect) is steps.Fan and effect.commands and effect.commands[0] and effect.commands[0][0] == "SET":
+            value = effect.commands[0][2]
+            if not self.values or self.values[-1] != value:
+                self.values.append(value)
+        return effect
+
+    def send(self, value: Any) -> Any:
+        return self._see(self.step.send(value))
+
+    def throw(self, error: BaseException) -> Any:
+        return self._see(self.step.throw(error))
+
+
+class _SimRound:
+    """One round on simulated connections: connect, write, collect, finish."""
+
+    def __init__(self, client: SimClient, fan: steps.Fan, done: Callable[[list[Any]], None]) -> None:
+        self.client = client
+        self.done = done
+        self.finished = False
+        self.timer: int | None = None
+        proc = client.proc
+        now = proc.now()
+        self.rnd = rnd = Round(client.books, fan.commands, now=now,
+                               timeout=fan.timeout or client.config.node_timeout, **fan.options())
+        rnd.on_reply = self.check
+        self.connecting: dict[int, SimConn] = {}
+        for i in range(client.total):
+            if client.books[i].parked:
+                client.give_up_stale(i, now)
+            while True:
+                choice = rnd.choose(i, now)
+                if choice is None:
+                    break
+                kind, conn, since = choice
+                if kind == NEW:
+                    conn = client.connect(i)
+                    self.connecting[i] = conn
+                    conn.sim.on_connected = lambda i=i, conn=conn: self.connected(i, conn)
+                    proc.after_local(client.config.node_timeout, self.connect_timeout, i, conn)
+                elif kind == IDLE and conn.sim.state != "open":
+                    client._broken(conn, "closed")  # closed while idle: make a new one
+                    continue
+                else:
+                    self.write(i, conn, since if kind == PARKED else None)
+                break
+        if not self.connecting:
+            self.start()
+
+    def write(self, i: int, conn: SimConn, since: float | None) -> None:
+        now = self.client.proc.now()
+        commands = self.rnd.write(i, conn, since, now)
+        ok = self.client._send(conn, commands)
+        books = self.client.books[i]
+        if self.rnd.written(i, conn, since, now, None if ok else "connection lost") and conn not in books.parked:
+            books.parked[conn] = since if since is not None else now
+
+    def connected(self, i: int, conn: SimConn) -> None:
+        if self.connecting.pop(i, None) is None:
+            return
+        self.write(i, conn, None)
+        if not self.connecting:
+            self.start()
+
+    def connect_timeout(self, i: int, conn: SimConn) -> None:
+        if self.connecting.pop(i, None) is None:
+            return
+        conn.sim.close()
+        self.rnd.connect_failed(i, "connect timed out", self.client.proc.now())
+        if not self.connecting:
+            self.start()
+
+    def start(self) -> None:
+        self.rnd.start(self.client.proc.now())
+        self.check()
+
+    def check(self) -> None:
+        if self.finished or self.connecting:
+            return
+        proc = self.client.proc
+        wait = self.rnd.wait_time(proc.now())
+        if wait is None:
+            self.finish()
+        elif wait == 0.0:
+            proc.after_local(0.0, self.check)  # the outcome is known: take what arrives at this instant
+        elif self.timer is None:
+            self.timer = proc.after_local(wait, self._timer)
+
+    def _timer(self) -> None:
+        self.timer = None
+        self.check()
+
+    def finish(self) -> None:
+        self.finished = True
+        if self.timer is not None:
+            self.client.world.cancel(self.timer)
+        self.rnd.finish(self.client.proc.now())
+        self.done(self.rnd.results)
