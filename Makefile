@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-matrix torture bench docs clean
+.PHONY: demo test test-fast test-matrix torture simulate bench docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -24,6 +24,13 @@ test-matrix:  ## the suite on Python 3.12 + Django 6 and Python 3.10 + Django 4.
 torture:  ## the long fault-injection run
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -s $(PYTEST_ARGS)
+
+SEEDS ?= 1000
+simulate:  ## the long deterministic simulation of the engine's core: SEEDS random runs, every small schedule, the mutants
+	@VENV=$(VENV) sh scripts/setup.sh test
+	@$(PY) -m tests.simulation.run --seeds $(SEEDS)
+	@$(PY) -m tests.simulation.exhaustive --max-depth 11
+	@$(PY) -m tests.simulation.mutants
 
 bench:  ## benchmarks against pottery, redlock-py and redis-py's Lock
 	@VENV=$(VENV) sh scripts/setup.sh bench

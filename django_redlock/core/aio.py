@@ -470,13 +470,13 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
         try:
-            plan, started = await self._run(
+            plan = await self._run(
                 steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
             )
         except LockNotAcquired as error:
             base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
             raise
-        lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, started)
+        lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, plan.started)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
 

@@ -558,6 +558,8 @@ class Attempts:
         """
         self.attempts += 1
         self.results = results
+        #: When the winning attempt began: the lock's validity counts from here.
+        self.started = started
         self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
         return count(results) >= quorum and self.validity > 0
 

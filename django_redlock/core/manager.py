@@ -61,14 +61,14 @@ class LockManager(ManagerBase):
         when too few nodes answered.
         """
         try:
-            plan, started = steps.run_sync(
+            plan = steps.run_sync(
                 steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label),
                 self._perform,
             )
         except LockNotAcquired as error:
             base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
             raise
-        lock = Lock(self, plan.resource, plan.holder, plan.ttl, started)
+        lock = Lock(self, plan.resource, plan.holder, plan.ttl, plan.started)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
 

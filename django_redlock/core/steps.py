@@ -106,7 +106,7 @@ def acquire(
     timeout: Any,
     label: str | None,
 ) -> Step:
-    """Acquire ``resource``: returns ``(plan, started)`` of the winning attempt, or raises LockNotAcquired."""
+    """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired."""
     total = len(names)
     plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW))
     done = base.until_outcome(quorum, total)
@@ -120,7 +120,7 @@ def acquire(
                 restart_window=plan.window,
             )
             if plan.won(results, started, quorum, (yield NOW)):
-                return plan, started
+                return plan
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:

@@ -81,7 +81,10 @@ class SimClient:
         self.config.make_holder = self._holder
         config = self.config
         low = max(0.0, retry_delay - retry_jitter)
-        config.retry_pause = lambda: self.world.uniform(low, retry_delay + retry_jitter, "retry pause")  # type: ignore[method-assign]
+        high = retry_delay + retry_jitter
+        config.retry_pause = (  # type: ignore[method-assign]
+            (lambda: self.world.uniform(low, high, "retry pause")) if high > low else (lambda: low)
+        )
         self.wall_offset = wall_offset
         self.books = [NodeBooks(node.name, node_timeout, fsync_declared) for node in sim.nodes]
         self.names = [node.name for node in sim.nodes]
@@ -189,6 +192,37 @@ class SimClient:
 
     fencing = True
 
+    def acquire(self, resource: str, then: Callable[[LockBase | None, BaseException | None], None], *,
+                blocking: bool, timeout: float | None) -> None:
+        """Acquire through the engine's step; report the lock and every given-up attempt to the checker."""
+        values: list[str] = []
+        checker = self.sim.checker
+
+        def done(result: Any, error: BaseException | None) -> None:
+            for value in values[:-1] if error is None else values:
+                checker.gave_up(self.proc, resource, value, self.config.ttl)
+            if error is not None:
+                self.failed += 1
+                self.last_error = error
+                if not isinstance(error, LockNotAcquired):
+                    raise error
+                then(None, error)
+                return
+            plan = result
+            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, plan.started)
+            self.acquired += 1
+            checker.acquired(self.proc, resource, lock.value, lock.validity, deadline_local=lock._deadline)
+            then(lock, None)
+
+        step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
+        self.run(_Watch(step, values), done)
+
+    def release(self, lock: LockBase, then: Callable[[], None] = lambda: None) -> None:
+        """The caller is done: report it, then release on every node."""
+        self.sim.checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
+        lock.released = True
+        self.fan(steps.release_fan(self.config, self.total, lock.key, lock.value, lock.ttl), lambda _: then())
+
     def session(self, resources: list[str], until: float) -> None:
         """Loop until true time ``until``: acquire, maybe fence and extend, hold, release."""
         if self.world.now >= until or not self.proc.alive:
@@ -197,38 +231,21 @@ class SimClient:
         resource = world.choose(resources, "resource")
         blocking = world.chance(0.5, "blocking")
         timeout = world.choose([None, 0.05, 0.3], "timeout") if blocking else None
-        values: list[str] = []
-        step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
-        watch = _Watch(step, values)
 
-        def acquired(result: Any, error: BaseException | None) -> None:
-            for value in values[:-1] if error is None else values:
-                self.sim.checker.gave_up(self.proc, resource, value, self.config.ttl)
-            if error is not None:
-                self.failed += 1
-                self.last_error = error
-                if not isinstance(error, LockNotAcquired):
-                    raise error
+        def acquired(lock: LockBase | None, error: BaseException | None) -> None:
+            if lock is None:
                 self.proc.after_local(world.uniform(0.0, 0.05, "think"), self.session, resources, until)
-                return
-            plan, started = result
-            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, started)
-            self.acquired += 1
-            self.sim.checker.acquired(self.proc, resource, lock.value, lock.validity,
-                                      deadline_local=lock._deadline)
-            self._hold(lock, resources, until, self.fencing)
+            else:
+                self._hold(lock, resources, until, self.fencing)
 
-        self.run(watch, acquired)
+        self.acquire(resource, acquired, blocking=blocking, timeout=timeout)
 
     def _hold(self, lock: LockBase, resources: list[str], until: float, fencing: bool) -> None:
         world = self.world
 
         def release() -> None:
-            self.sim.checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
-            lock.released = True
-            self.fan(steps.release_fan(self.config, self.total, lock.key, lock.value, lock.ttl),
-                     lambda results: self.proc.after_local(world.uniform(0.0, 0.05, "think"),
-                                                           self.session, resources, until))
+            self.release(lock, lambda: self.proc.after_local(world.uniform(0.0, 0.05, "think"),
+                                                             self.session, resources, until))
 
         def work() -> None:
             if not lock.locked():

@@ -121,3 +121,28 @@ def hunt(name: str, *, seeds: int = 200, budget: float = 30.0, first: int = 0) -
             if time.monotonic() - started > budget:
                 break
     return None, time.monotonic() - started, ran
+
+
+def main() -> None:
+    """Print, per mutant: which scripted case catches it, and how fast random seeds do."""
+    import logging
+
+    from .cases import CASES, run_case
+
+    logging.getLogger("django_redlock").setLevel(logging.CRITICAL)
+    print(f"{'mutant':46s} | {'scripted case (invariant)':50s} | random seeds: first failing seed, time (invariant)")
+    for name, (mutant, _) in MUTANTS.items():
+        caught = "-"
+        for case, (_, targets) in CASES.items():
+            if name in targets:
+                with mutant():
+                    verdict = run_case(case)
+                caught = f"{case} ({verdict[:3]})" if verdict else f"{case}: NOT CAUGHT"
+                break
+        outcome, took, ran = hunt(name, seeds=400, budget=120.0)
+        found = f"seed {outcome.seed}, {took:.1f} s ({outcome.violation[:3]})" if outcome else f"not in {ran} seeds"
+        print(f"{name:46s} | {caught:50s} | {found}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -73,7 +73,7 @@ def simulate(
         for i in range(clients)
     ]
     outcome = Outcome(seed)
-    begin = ttl * 1.1  # the nodes are new: wait out the restart window once
+    begin = ttl * 2 + 0.1  # the nodes are new: wait out the restart window once (INFO counts whole seconds)
     end = begin + seconds
     try:
         nemesis = None

@@ -1,0 +1,235 @@
+"""Scripted simulation cases: faults placed exactly where a known bug (or a mutant) would show.
+
+Random runs find most mistakes; some need a fault at one precise moment. Each
+case here builds a small world, drives two clients through the engine's real
+steps, places its faults, and returns the checker's verdict. The correct core
+must pass every case; the mutant named in each case must fail it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django_redlock.core import steps
+from django_redlock.core.lock import LockBase
+from django_redlock.core.scripts import RELEASE
+from django_redlock.exceptions import LockError
+
+from .client import SimClient
+from .invariants import Violation
+from .network import NetConfig
+from .scenario import Sim, build
+
+__all__ = ["CASES", "run_case"]
+
+QUIET = NetConfig(late_chance=0.0)
+TTL = 1.0
+START = TTL * 2 + 0.1  # the nodes are new: after the restart window (INFO counts whole seconds)
+
+
+class _Tap:
+    """Wrap a step; call ``hook(effect)`` before each effect is performed."""
+
+    def __init__(self, step: steps.Step, hook: Callable[[Any], None]) -> None:
+        self.step, self.hook = step, hook
+
+    def send(self, value: Any) -> Any:
+        effect = self.step.send(value)
+        self.hook(effect)
+        return effect
+
+    def throw(self, error: BaseException) -> Any:
+        effect = self.step.throw(error)
+        self.hook(effect)
+        return effect
+
+
+def _acquire(client: SimClient, resource: str, then: Callable[[LockBase | None], None], *, blocking: bool = False,
+             timeout: float | None = None) -> None:
+    client.acquire(resource, lambda lock, error: then(lock), blocking=blocking, timeout=timeout)
+
+
+def _fence(client: SimClient, lock: LockBase, then: Callable[[int | None], None],
+           hook: Callable[[Any], None] | None = None) -> None:
+    def done(token: Any, error: BaseException | None) -> None:
+        if error is not None:
+            if not isinstance(error, LockError):
+                raise error
+            then(None)
+            return
+        client.sim.checker.fenced(client.proc, lock.resource, lock.value, token)
+        then(token)
+
+    step: Any = steps.fence(lock, client.config, client.quorum, client.total)
+    client.run(_Tap(step, hook) if hook else step, done)
+
+
+def _release(client: SimClient, lock: LockBase, then: Callable[[], None] = lambda: None) -> None:
+    client.release(lock, then)
+
+
+def fence_written_to_a_minority(seed: int) -> Sim:
+    """A's fencing write reaches one node; B, whose wall clock is behind, reads a quorum without it."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, wall_offset=0.8)
+    b = SimClient(sim, "b", ttl=TTL, wall_offset=-0.8)
+    net, nodes, world = sim.network, sim.nodes, sim.world
+
+    def cut_before_write(effect: Any) -> None:
+        if type(effect) is steps.Fan and effect.commands[0] and effect.commands[0][0] in ("EVALSHA", "EVAL"):
+            for node in nodes[1:]:
+                net.partition(node, [a.proc])  # the raise reaches node0 only
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        _fence(a, lock, lambda token: _release(a, lock, b_start) if token else b_start(), cut_before_write)
+
+    def b_start() -> None:
+        net.partition(nodes[0], [b.proc])  # b's quorum is nodes 1-4, which never saw a's token
+        _acquire(b, "r", b_acquired, blocking=True, timeout=3.0)
+
+    def b_acquired(lock: LockBase | None) -> None:
+        if lock is not None:
+            _fence(b, lock, lambda token: _release(b, lock))
+
+    world.at(START, _acquire, a, "r", a_acquired)
+    world.run_until(START + 6)
+    return sim
+
+
+def restarted_node_whose_probe_fails(seed: int) -> Sim:
+    """A holds on nodes 0-2; node 2 restarts empty; B's probe of node 2 fails for a passing reason."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    b = SimClient(sim, "b", ttl=TTL)
+    net, nodes, world = sim.network, sim.nodes, sim.world
+
+    def start() -> None:
+        for node in nodes[3:]:
+            net.partition(node, [a.proc])  # a's lock lives on nodes 0, 1, 2 only
+        _acquire(a, "r", a_acquired)
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None
+        nodes[2].restart(0.05)
+        nodes[2].flaky_info = 1.0  # INFO fails (BUSY, a proxy hiccup) right after the restart
+        world.after(0.1, _acquire, b, "r", lambda lock: None)
+        world.after(0.5, setattr, nodes[2], "flaky_info", 0.0)
+
+    world.at(START, start)
+    world.run_until(START + 3)
+    return sim
+
+
+def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
+    """Issue 10, item 1: node 2 restarts empty under A's lock and is paused when B first talks to it."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    b = SimClient(sim, "b", ttl=TTL)
+    net, nodes, world = sim.network, sim.nodes, sim.world
+
+    def start() -> None:
+        for node in nodes[3:]:
+            net.partition(node, [a.proc])
+        _acquire(a, "r", a_acquired)
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None
+        nodes[2].restart(0.02)
+        world.after(0.05, nodes[2].pause)
+        world.after(0.06, _acquire, b, "other", lambda lock: lock and _release(b, lock))  # first contact, unread
+        world.after(0.35, nodes[2].resume)
+        world.after(0.40, _acquire, b, "r", lambda lock: None)  # must not win while a holds
+
+    world.at(START, start)
+    world.run_until(START + 3)
+    return sim
+
+
+def majority_paused_past_the_stale_limit(seed: int) -> Sim:
+    """Issue 10, item 14: B's SETs wait on three paused nodes; nothing may be left once they resume."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    b = SimClient(sim, "b", ttl=TTL)
+    c = SimClient(sim, "c", ttl=TTL)
+    nodes, world = sim.nodes, sim.world
+
+    def start() -> None:
+        for node in nodes[2:]:
+            node.pause()
+        _acquire(b, "r", lambda lock: None)
+        world.after(1.5, lambda: [node.resume() for node in nodes[2:]])
+        world.after(1.6, _acquire, b, "other", lambda lock: lock and _release(b, lock))  # b's next call pays debts
+        world.after(1.8, lambda: _acquire(c, "r", lambda lock: lock and _release(c, lock), blocking=True, timeout=0.5))
+
+    world.at(START, start)
+    world.run_until(START + 5)
+    return sim
+
+
+def late_release_of_an_earlier_attempt(seed: int) -> Sim:
+    """Issue 10, item 3: attempt 1's release, held in the network, lands after attempt 2 won."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, retry_count=1, retry_delay=0.3, retry_jitter=0.0)
+    b = SimClient(sim, "b", ttl=TTL)
+    nodes, world = sim.nodes, sim.world
+    key = "redlock:lock:r"
+    first: list[str] = []
+
+    def note_first_value(effect: Any) -> None:
+        if type(effect) is steps.Fan and effect.commands[0] and effect.commands[0][0] == "SET" and not first:
+            first.append(effect.commands[0][2])
+
+    def start() -> None:
+        for node in nodes[:3]:
+            node.execute(("SET", key, "another holder", "PX", 200))  # attempt 1 loses on nodes 0-2
+        step = steps.acquire(a.config, a.quorum, a.names, "r", None, True, None, None)
+        a.run(_Tap(step, note_first_value), a_done)
+
+    def a_done(result: Any, error: BaseException | None) -> None:
+        assert error is None, f"attempt 2 must win: {error}"
+        plan = result
+        lock = LockBase(a.manager, plan.resource, plan.holder, plan.ttl, plan.started)
+        sim.checker.acquired(a.proc, "r", lock.value, lock.validity, deadline_local=lock._deadline)
+        # Attempt 1's compare-and-delete, retransmitted from a connection given up long ago:
+        for node in nodes[:3]:
+            node.execute(("EVAL", RELEASE.source, 1, key, first[0]))
+        world.after(0.01, _acquire, b, "r", lambda lock: None)
+
+    world.at(START, start)
+    world.run_until(START + 3)
+    return sim
+
+
+def replies_that_take_long(seed: int) -> Sim:
+    """Every reply takes about 40 ms: the validity must count from before the first write."""
+    sim = build(seed, ttl=TTL, net=NetConfig(min_delay=0.04, max_delay=0.045, late_chance=0.0), share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, node_timeout=0.2)
+    sim.world.at(START, _acquire, a, "r", lambda lock: None)
+    sim.world.run_until(START + 2)
+    return sim
+
+
+#: case name -> (function, the mutants it is built to catch)
+CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
+    "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
+    "restarted node whose probe fails": (
+        restarted_node_whose_probe_fails,
+        ("restart rule open while the probe is unknown", "restart rule off"),
+    ),
+    "restarted node whose first reply is late": (restarted_node_whose_first_reply_is_late, ("restart rule off",)),
+    "majority paused past the stale limit": (majority_paused_past_the_stale_limit, ()),
+    "late release of an earlier attempt": (late_release_of_an_earlier_attempt, ("one value for every retry",)),
+    "replies that take long": (replies_that_take_long, ("validity from after the fan-out",)),
+}
+
+
+def run_case(name: str, seed: int = 0) -> str | None:
+    """Run one case; the violation's text, or None."""
+    logging.getLogger("django_redlock").setLevel(logging.CRITICAL)
+    try:
+        CASES[name][0](seed)
+    except Violation as exc:
+        return str(exc)
+    return None
