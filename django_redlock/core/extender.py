@@ -84,7 +84,7 @@ def next_action(watch: Watch, lock: Any) -> str:
         return "stop"
     if not watch.active or lock.released or lock.lost:
         return "stop"
-    now = time.monotonic()
+    now = lock._clock()
     if now >= lock._deadline:
         if watch.stopped is not None:
             reason = watch.stopped

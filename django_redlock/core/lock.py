@@ -190,7 +190,10 @@ class LockBase:
         refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
         detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", lambda r: r == 1).items())
         if self._gone_from_quorum(refused) or self.validity <= 0:
-            reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
+            if extended >= quorum:
+                reason = f"its validity ran out before the extension's replies were in ({extended} of {total} agreed)"
+            else:
+                reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
             if not self._mark_lost(reason, while_held=True) and self.released:
                 raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
             raise base.lost_error(self.resource, self.lost_reason or reason)

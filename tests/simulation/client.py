@@ -16,12 +16,14 @@ retry jitter come from the seed.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from django_redlock.core import base, steps
 from django_redlock.core.base import ManagerConfig
+from django_redlock.core.extender import Watch, next_action, next_due, note_extend_error
 from django_redlock.core.lock import LockBase
 from django_redlock.core.records import Holder
 from django_redlock.core.rounds import IDLE, NEW, PARKED, ConnState, Failure, NodeBooks, Round
@@ -250,6 +252,10 @@ class SimClient:
         def work() -> None:
             if not lock.locked():
                 return release()
+            if world.chance(0.3, "auto-extend"):
+                self.keep_alive(lock)
+                self.proc.after_local(world.uniform(0.0, lock.ttl * 2.5, "long hold"), release)
+                return
             if world.chance(0.3, "extend"):
                 def extended(_: Any, error: BaseException | None) -> None:
                     if error is None:
@@ -278,6 +284,42 @@ class SimClient:
             self.run(steps.fence(lock, self.config, self.quorum, self.total), fenced)
         else:
             work()
+
+
+    def keep_alive(self, lock: LockBase) -> None:
+        """Auto-extension with the engine's own watchdog timing (``next_due``, ``next_action``)."""
+        watch = Watch(self.manager, weakref.ref(lock), lock.resource, None, None)
+        checker = self.sim.checker
+
+        def schedule() -> None:
+            if not (lock.released or lock.lost):
+                self.proc.at_local(next_due(watch, lock, self.proc.now()), wake)
+
+        def extended(_: Any, error: BaseException | None) -> None:
+            if error is None:
+                watch.failure = None
+                if not lock.released:
+                    checker.extended(self.proc, lock.resource, lock.value, lock.validity, deadline_local=lock._deadline)
+            elif isinstance(error, Exception):
+                note_extend_error(watch, lock, error)
+            schedule()
+
+        def checked(results: list[Any]) -> None:
+            if not lock.released:
+                lock._judge_owned(results)  # marks the lock lost when enough nodes say "not ours"
+            schedule()
+
+        def wake() -> None:
+            action = next_action(watch, lock)
+            if action == "extend":
+                self.run(steps.extend(lock, None, True, self.quorum, self.total), extended)
+            elif action == "check" and lock._can_ask():
+                done = base.until_outcome(self.quorum, self.total, lock._is_ours)
+                self.fan(steps.Fan([("GET", lock.key)] * self.total, done=done), checked)
+            elif action != "stop":
+                schedule()
+
+        schedule()
 
 
 class _Watch:
