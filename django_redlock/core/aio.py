@@ -24,9 +24,9 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from django_redlock.core import base, steps
-from django_redlock.core.base import ManagerBase, Scan
+from django_redlock.core.base import Scan
 from django_redlock.core.lock import ContextBase, LockBase
-from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, status_of
+from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
 from django_redlock.core.nodes import Node, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.core.nodes import Failure, Node, NodeSpec, parse_nodes, script_command
+from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder, LockRecord, NodeEntry
-from django_redlock.core.scripts import INSPECT
+from django_redlock.core.scripts import INSPECT, script_command
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def count(results: Sequence[Any], success: Any = is_ok) -> int:
 
 
 def failures_of(
-    nodes: Sequence[Node],
+    nodes: Sequence[Any],
     results: Sequence[Any],
     refused: str = "held by another holder",
     success: Any = is_ok,
@@ -271,7 +271,7 @@ def failures_of(
 
 def not_acquired(
     resource: str,
-    nodes: Sequence[Node],
+    nodes: Sequence[Any],
     results: Sequence[Any],
     quorum: int,
     *,
@@ -374,68 +374,6 @@ def lost_error(resource: str, why: str) -> LockLost:
 
 
 
-class ManagerBase:
-    """Construction and plain attributes shared by the sync and async managers."""
-
-    def __init__(
-        self,
-        nodes: Sequence[NodeSpec],
-        *,
-        ttl: float = 30.0,
-        retry_count: int | None = 3,
-        retry_delay: float = 0.2,
-        retry_jitter: float = 0.1,
-        clock_drift_factor: float = 0.01,
-        node_timeout: float = 0.05,
-        key_prefix: str = "redlock:",
-        max_extensions: int | None = 100,
-        label: str | None = None,
-        hooks: Hooks | None = None,
-        restart_window: float | None = None,
-        max_ttl: float = DEFAULT_MAX_TTL,
-    ) -> None:
-        self.config = ManagerConfig(
-            ttl=ttl,
-            retry_count=retry_count,
-            retry_delay=retry_delay,
-            retry_jitter=retry_jitter,
-            clock_drift_factor=clock_drift_factor,
-            node_timeout=node_timeout,
-            key_prefix=key_prefix,
-            max_extensions=max_extensions,
-            label=label,
-            hooks=hooks,
-            restart_window=restart_window,
-            max_ttl=max_ttl,
-        )
-        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
-        self.quorum = quorum_of(len(self.node_list))
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """Node names, without credentials."""
-        return tuple(node.name for node in self.node_list)
-
-    @property
-    def ttl(self) -> float:
-        return self.config.ttl
-
-    @property
-    def key_prefix(self) -> str:
-        return self.config.key_prefix
-
-    @property
-    def node_timeout(self) -> float:
-        return self.config.node_timeout
-
-    def key(self, resource: str) -> str:
-        """The Redis key that locks ``resource``."""
-        return self.config.key(check_resource(resource))
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
-
-
 class Scan:
     """The state of a ``live_locks()`` walk: SCAN every node in lockstep, inspect each page.
 
@@ -444,7 +382,7 @@ class Scan:
     :meth:`take`; :meth:`records` gives the result once :attr:`running` is false.
     """
 
-    def __init__(self, config: ManagerConfig, nodes: Sequence[Node], quorum: int, match: str | None) -> None:
+    def __init__(self, config: ManagerConfig, nodes: Sequence[Any], quorum: int, match: str | None) -> None:
         pattern = config.scan_pattern()
         if match:
             escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django_redlock.core import base, steps
-from django_redlock.core.base import ManagerBase, Scan
+from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
-from django_redlock.core.nodes import Failure, Node, fanout, parse_info
+from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT
 from django_redlock.exceptions import LockNotAcquired
@@ -20,6 +20,69 @@ __all__ = ["LockManager"]
 #: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
 ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
+
+
+class ManagerBase:
+    """Construction and plain attributes shared by the sync and async managers."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+        restart_window: float | None = None,
+        max_ttl: float = DEFAULT_MAX_TTL,
+    ) -> None:
+        self.config = ManagerConfig(
+            ttl=ttl,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            clock_drift_factor=clock_drift_factor,
+            node_timeout=node_timeout,
+            key_prefix=key_prefix,
+            max_extensions=max_extensions,
+            label=label,
+            hooks=hooks,
+            restart_window=restart_window,
+            max_ttl=max_ttl,
+        )
+        self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
+        self.quorum = quorum_of(len(self.node_list))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Node names, without credentials."""
+        return tuple(node.name for node in self.node_list)
+
+    @property
+    def ttl(self) -> float:
+        return self.config.ttl
+
+    @property
+    def key_prefix(self) -> str:
+        return self.config.key_prefix
+
+    @property
+    def node_timeout(self) -> float:
+        return self.config.node_timeout
+
+    def key(self, resource: str) -> str:
+        """The Redis key that locks ``resource``."""
+        return self.config.key(check_resource(resource))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} nodes={len(self.node_list)} quorum={self.quorum}>"
+
 
 
 class LockManager(ManagerBase):

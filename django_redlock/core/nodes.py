@@ -56,9 +56,19 @@ from django_redlock.core.rounds import (
     NodeUnavailable,
     Round,
 )
-from django_redlock.core.scripts import Script
+from django_redlock.core.scripts import Script, script_command
 
-__all__ = ["MAX_PENDING", "Failure", "Node", "NodeSpec", "NodeUnavailable", "fanout", "parse_info", "parse_nodes"]
+__all__ = [
+    "MAX_PENDING",
+    "Failure",
+    "Node",
+    "NodeSpec",
+    "NodeUnavailable",
+    "fanout",
+    "parse_info",
+    "parse_nodes",
+    "script_command",
+]
 
 logger = logging.getLogger("django_redlock")
 
@@ -593,10 +603,6 @@ def _node_from_url(
 
 Command = tuple[Any, ...]
 Done = Callable[[list[Any]], bool]
-
-
-def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Command:
-    return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None) -> tuple[Any, Any, bool]:

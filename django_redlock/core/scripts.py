@@ -7,7 +7,9 @@ to EVAL once per connection when the node does not know them yet (NOSCRIPT).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,11 @@ class Script:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    """``EVALSHA`` of ``script``; a node that answers NOSCRIPT gets the source (see the books)."""
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 # KEYS[1] lock key; ARGV[1] holder value.
