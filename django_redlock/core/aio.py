@@ -105,7 +105,9 @@ class AsyncNode:
             raise NodeUnavailable(self.node.redact(describe(exc, self.node_timeout))) from None
         return AConn(conn)
 
-    def write(self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes]) -> None:
+    def write(
+        self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes], books: NodeBooks | None = None
+    ) -> None:
         if len(commands) == 1:
             data = packed.get(commands[0])
             if data is None:
@@ -114,7 +116,7 @@ class AsyncNode:
             data = b"".join(pack(c) for c in commands)
         aconn.conn._writer.write(data)
         if aconn.reader is None:
-            aconn.reader = asyncio.ensure_future(_reader(self, aconn))
+            aconn.reader = asyncio.ensure_future(_reader(self, aconn, books))
 
     def drop(self, aconn: AConn, reason: str) -> None:
         """The connection broke: tell the rounds waiting on it, let the books drop it, close it."""
@@ -137,9 +139,13 @@ class AsyncNode:
             await _adisconnect(aconn.conn)
 
 
-async def _reader(anode: AsyncNode, aconn: AConn) -> None:
-    """Read and book every reply on ``aconn`` while entries are pending; then it is idle again."""
-    books = anode.books
+async def _reader(anode: AsyncNode, aconn: AConn, books: NodeBooks | None = None) -> None:
+    """Read and book every reply on ``aconn`` while entries are pending; then it is idle again.
+
+    ``books``: the loop's books of ``anode`` when the caller already looked them up.
+    """
+    if books is None:
+        books = anode.books
     try:
         while aconn.expect:
             try:
@@ -208,8 +214,9 @@ async def afanout(
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
     now = time.monotonic()
     loop = asyncio.get_running_loop()
+    books = [anode.books for anode in anodes]  # looked up once: a loop-keyed weak mapping and a getpid()
     rnd = Round(
-        [anode.books for anode in anodes],
+        books,
         commands,
         now=now,
         timeout=timeout,
@@ -235,12 +242,13 @@ async def afanout(
         wire = rnd.write(i, aconn, since, now)
         error = None
         try:
-            anode.write(aconn, wire, packed)
+            anode.write(aconn, wire, packed, books[i])
         except Exception as exc:  # noqa: BLE001 - the connection is broken
             error = anode.node.redact(describe(exc, anode.node_timeout))
             asyncio.ensure_future(_adisconnect(aconn.conn))
-        if rnd.written(i, aconn, since, now, error) and aconn not in anode.books.parked:
-            anode.books.parked[aconn] = since if since is not None else now
+        parked = books[i].parked
+        if rnd.written(i, aconn, since, now, error) and aconn not in parked:
+            parked[aconn] = since if since is not None else now
 
     connecting: dict[int, asyncio.Task[AConn]] = {}
     try:

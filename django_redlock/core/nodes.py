@@ -248,9 +248,12 @@ class Node:
             if not books.after_drain(conn, since, now):
                 _disconnect(conn)
 
-    def checkout(self, rnd: Round, i: int, now: float) -> tuple[Any, float | None] | None:
-        """A connection for node ``i`` of ``rnd`` and, if parked, since when; None when the round has its result."""
-        if os.getpid() != self._pid:
+    def checkout(self, rnd: Round, i: int, now: float, pid: int | None = None) -> tuple[Any, float | None] | None:
+        """A connection for node ``i`` of ``rnd`` and, if parked, since when; None when the round has its result.
+
+        ``pid``: the caller's ``os.getpid()``, read once per fan-out (a syscall).
+        """
+        if (os.getpid() if pid is None else pid) != self._pid:
             self._check_fork()
         with self._mutex:
             if self.books.parked:  # usually empty: only after an early decision or a silent node
@@ -653,10 +656,12 @@ def fanout(
     the next time the node is used. ``keys`` is accepted for compatibility.
     """
     now = time.monotonic()
+    pid = os.getpid()  # once per fan-out: a syscall, and a fork cannot happen in the middle of one
     books = [node.books for node in nodes]
     if owe is not None:
         for node in nodes:
-            node._check_fork()
+            if node._pid != pid:
+                node._check_fork()
         with _all_mutexes(nodes):
             rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
                         ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
@@ -670,7 +675,7 @@ def fanout(
     writing: tuple[Node, Any] | None = None
     try:
         for i, node in enumerate(nodes):
-            got = node.checkout(rnd, i, now)
+            got = node.checkout(rnd, i, now, pid)
             if got is None:
                 continue
             conn, since = got
@@ -761,15 +766,30 @@ def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, An
 
 
 def _read_ours(node: Node, rnd: Round, conn: Any) -> bool:
-    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False)."""
+    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False).
+
+    Same steps as :func:`read_booked` then ``rnd.take`` and the check-in, under one
+    acquisition of the node's mutex per reply (the fan-out's own process: no fork check).
+    """
+    books = node.books
+    mutex = node._mutex
     while True:
         now = time.monotonic()
-        entry, reply, resent = read_booked(node.books, conn, now, node._mutex)
-        if not resent and entry.waiter is rnd:
-            with node._mutex:
+        try:
+            reply = conn.read_response()
+        except ResponseError as exc:
+            reply = exc
+        with mutex:
+            try:
+                entry, resend = books.read(conn, reply, now)
+            except ValueError as exc:
+                raise RedisConnectionError(f"Protocol error: {exc}") from None
+            if resend is None and entry.waiter is rnd:
                 rnd.take(entry, reply, now)
-            node.checkin(conn, rnd.sent_at)
-            return True
+                books.checkin(conn, rnd.sent_at, now)
+                return True
+        if resend is not None:
+            conn.send_packed_command(pack(resend))
         if not conn.can_read(0):
             return False
 

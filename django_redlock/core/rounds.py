@@ -316,6 +316,7 @@ class Round:
         self.timings = timings
         self.results: list[Any] = [None] * len(books)
         self.waiting: dict[Entry, tuple[int, Any]] = {}  # our entry -> (node index, connection)
+        self._mine: list[Entry | None] = [None] * len(books)  # node index -> the entry write() booked
         self.deadline = now + timeout
         self.grace = False
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
@@ -356,6 +357,7 @@ class Round:
         mine = entry_for(command, self.is_release, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now)
         self.waiting[mine] = (i, conn)
+        self._mine[i] = mine
         if extra:
             extra.append(command)
             return extra
@@ -363,7 +365,9 @@ class Round:
 
     def written(self, i: int, conn: Any, parked_since: float | None, now: float, error: str | None = None) -> bool:
         """After the write; returns True when the driver should wait for this node's reply."""
-        mine = next(e for e, (j, _) in self.waiting.items() if j == i)
+        mine = self._mine[i]
+        self._mine[i] = None  # no cycle round -> entry -> round left behind
+        assert mine is not None and mine in self.waiting
         if error is not None:
             del self.waiting[mine]
             self.books[i].drop(conn, now)
@@ -429,6 +433,8 @@ class Round:
 
     def finish(self, now: float) -> list[tuple[int, Any]]:
         """Stop waiting. Returns the (node index, connection) pairs whose reply is still due."""
+        if not self.waiting:
+            return []
         late = now - self.sent_at >= min((b.node_timeout for b in self.books), default=0.0)
         left = []
         for entry, (i, conn) in self.waiting.items():
