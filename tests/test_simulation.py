@@ -69,3 +69,10 @@ def test_every_known_bad_core_is_caught(name):
 def test_every_small_schedule(fault):
     schedules, _ = check_small_scope(fault, max_depth=8)
     assert schedules == 960
+
+
+def test_nodes_that_deny_info_never_vote():
+    """Fail closed: with INFO denied everywhere the restart state is never known, so nothing is locked."""
+    outcome = simulate(3, deny_info=True, seconds=2.0)  # no nemesis: no progress is owed here
+    assert outcome.violation is None, outcome.violation
+    assert outcome.acquired == 0 and outcome.failed > 0
