@@ -212,7 +212,11 @@ class Ledger:
     live connection, none on a connection that was dropped unanswered.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, retry_after: float = 0.0) -> None:
+        #: A debt just paid is not paid again for this long (its release is still in flight).
+        self.retry_after = retry_after
+        #: No debt can be due before this time (saves a walk over the debts on every write).
+        self.next_due = 0.0
         self.debts: dict[tuple[str, str], Debt] = {}
         # (key, value) -> SETs written and not answered yet, on live connections
         self.unanswered: dict[tuple[str, str], int] = {}
@@ -236,6 +240,7 @@ class Ledger:
         debt = self.debts.get((key, value))
         if debt is None:
             self.debts[(key, value)] = Debt(key, value, until, now)
+            self.next_due = min(self.next_due, now + self.retry_after) if len(self.debts) > 1 else now + self.retry_after
         else:
             debt.until = max(debt.until, until)
             debt.paid_at = now
@@ -264,6 +269,8 @@ class Ledger:
 
     def due(self, now: float, retry_after: float) -> list[Debt]:
         """Debts to pay with the next write to this node (marked as paid now)."""
+        if now < self.next_due:
+            return []
         if self.lost_sets:
             for pair, until in list(self.lost_sets.items()):
                 if until <= now:
@@ -275,4 +282,5 @@ class Ledger:
             elif now - debt.paid_at >= retry_after and len(out) < DEBTS_PER_WRITE:
                 debt.paid_at = now
                 out.append(debt)
+        self.next_due = min((d.paid_at + retry_after for d in self.debts.values()), default=now)
         return out

@@ -115,7 +115,7 @@ class NodeBooks:
         self.reset()
 
     def reset(self) -> None:
-        self.ledger = Ledger()
+        self.ledger = Ledger(self.node_timeout)
         self.idle: list[tuple[Any, float]] = []  # (connection, idle since), most recent last
         self.parked: dict[Any, float] = {}  # connection -> last progress (a reply read, or the write)
         self.down_until = 0.0
@@ -319,6 +319,7 @@ class Round:
         self._mine: list[Entry | None] = [None] * len(books)  # node index -> the entry write() booked
         self.deadline = now + timeout
         self.grace = False
+        self.changed = True  # results moved since ``done`` was last asked
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
         if owe is not None:
@@ -406,7 +407,8 @@ class Round:
         else:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at
-            self.results[i] = book.vote(conn, self.window, now) or reply
+            self.results[i] = (self.window > 0 and book.vote(conn, self.window, now)) or reply
+        self.changed = True
         if self.on_reply is not None:
             self.on_reply()
         return i
@@ -417,17 +419,20 @@ class Round:
             if j == i:
                 del self.waiting[entry]
         self.results[i] = Failure(reason)
+        self.changed = True
         self.books[i].drop(conn, now)
 
     def wait_time(self, now: float) -> float | None:
         """How long to wait for more replies: None to stop, 0.0 to read only what is already there."""
         if not self.waiting:
             return None
-        if self.done is not None and self.done(self.results):
-            if self.grace:
-                return None
-            self.grace = True  # outcome known: read what has already arrived, then stop
-            return 0.0
+        if self.grace:
+            return None
+        if self.changed and self.done is not None:
+            self.changed = False
+            if self.done(self.results):
+                self.grace = True  # outcome known: read what has already arrived, then stop
+                return 0.0
         remaining = self.deadline - now
         return remaining if remaining > 0 else None
 
