@@ -37,7 +37,7 @@ def test_login_see_and_force_release(browser, live_server, django_user_model, tm
     django_user_model.objects.create_superuser("admin", "admin@example.com", "pw-for-browser")
     manager = get_lock_manager()
     for name, label in [("invoice-1042", "billing"), ("nightly-report", "cron"), ("user-7-export", None)]:
-        manager.acquire(name, ttl=300, label=label)
+        manager.acquire(name, ttl=60, label=label)  # MAX_TTL: long enough for the browser to find it
     page = browser.new_page(viewport={"width": 1200, "height": 640})
     page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redlock/lock/")
     page.fill("#id_username", "admin")

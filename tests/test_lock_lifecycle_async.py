@@ -71,7 +71,7 @@ async def test_dropped_async_context_expires(amanager, servers):
     ctx = amanager.lock("dropped", ttl=0.3, auto_extend=True)
     lock = await ctx.__aenter__()
     await asyncio.sleep(0.5)  # past the ttl: it is being extended
-    assert lock.extensions >= 1 and nodes_with_key(servers, "redlock:lock:dropped") == 5
+    assert lock.extensions >= 1 and nodes_with_key(servers, "redlock:lock:dropped") >= 3  # a quorum, at least
     del lock, ctx
     gc.collect()
     deadline = time.monotonic() + 1.0
