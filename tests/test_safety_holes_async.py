@@ -7,7 +7,6 @@ stands in for a network that delivers late. Public API only.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest

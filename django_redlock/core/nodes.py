@@ -1,17 +1,17 @@
-"""Nodes and the one-round-trip fan-out.
+"""Nodes and the sync driver of the one-round-trip fan-out.
 
-A :class:`Node` is one independent Redis master. It keeps its own small set of
-redis-py connections, built with the node timeout as socket timeout, no retries
-and no handshake round trips that are not needed, so that a dead or paused
-node costs at most ``node_timeout`` and usually nothing.
+A :class:`Node` is one independent Redis master: how to connect to it (built
+with the node timeout as socket timeout, no retries and no handshake round
+trips that are not needed) and the core's books for it
+(:class:`~django_redlock.core.rounds.NodeBooks`), behind a mutex.
 
-:func:`fanout` writes one command to every node before it reads any reply,
-then waits for the replies with ``poll()`` until the caller's ``done`` test is
-satisfied or the node timeout passes. Replies that had not arrived by then are
-left on their connection ("pending"); the connection is parked and its late
-replies are read, without waiting, the next time the node is used. A command
-that must stay ordered after a pending one (a release after a delayed ``SET``)
-is written to the same connection.
+:func:`fanout` runs one :class:`~django_redlock.core.rounds.Round` on real
+sockets: it writes what the round asks for to every node before it reads any
+reply, then polls until the round says to stop. Which connection a command
+goes on, what rides along with it, what a reply means and what is left for
+later are the round's and the books' decisions, not this module's. Replies
+that arrive late stay booked on their connection and are read, without
+waiting, the next time the node is used.
 """
 
 from __future__ import annotations
