@@ -211,6 +211,61 @@ def replies_that_take_long(seed: int) -> Sim:
     return sim
 
 
+def _still_there(sim: Sim, key: str, value: str, what: str) -> None:
+    holders = [node.name for node in sim.nodes if (found := node.peek(key)) and found[0] == value.encode()]
+    if holders:
+        raise Violation(f"{what}: {holders} still hold the value at t={sim.world.now:.6f}\n{sim.world.dump(40)}")
+
+
+def cancelled_acquire(seed: int) -> Sim:
+    """Issue 10, item 5: the caller is cancelled while the SET round is out; what was set is released."""
+    import asyncio
+
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    world = sim.world
+    values: list[str] = []
+
+    def start() -> None:
+        step = steps.acquire(a.config, a.quorum, a.names, "r", None, False, None, None)
+        tap = _Tap(step, lambda e: values.append(e.commands[0][2]) if type(e) is steps.Fan and e.commands[0][0] == "SET" else None)
+        a.cancelled[id(tap)] = asyncio.CancelledError()  # cancelled while it awaits the SET round
+        a.run(tap, lambda result, error: world.after(0.1, check, error))
+
+    def check(error: BaseException | None) -> None:
+        assert isinstance(error, asyncio.CancelledError), error
+        _still_there(sim, "redlock:lock:r", values[0], "a cancelled acquire left its keys")
+
+    world.at(START, start)
+    world.run_until(START + 1)
+    return sim
+
+
+def late_noscript_for_a_release(seed: int) -> Sim:
+    """Issue 10, item 12: a node restarted (data kept, scripts forgotten) answers the release NOSCRIPT, late."""
+    # The restart resets connections (a silent power loss is another case: a stale connection).
+    sim = build(seed, ttl=TTL, net=NetConfig(late_chance=0.0, silent_crash_chance=0.0), share=0.0, fsync_always=True)
+    a = SimClient(sim, "a", ttl=TTL)
+    net, nodes, world = sim.network, sim.nodes, sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None
+        nodes[2].restart(0.01)  # fsync-always: the key survives, the script cache does not
+        world.after(0.05, release, lock)
+
+    def release(lock: LockBase) -> None:
+        net.partition(nodes[2], [a.proc], duration=0.3)  # the release's EVALSHA and its NOSCRIPT come late
+        _release(a, lock, lambda: world.after(0.5, after, lock))
+
+    def after(lock: LockBase) -> None:
+        _acquire(a, "other", lambda other: other and _release(a, other))  # a's next call pays what is owed
+        world.after(0.1, _still_there, sim, lock.key, lock.value, "a late NOSCRIPT swallowed a release")
+
+    world.at(START, _acquire, a, "r", a_acquired)
+    world.run_until(START + 2)
+    return sim
+
+
 #: case name -> (function, the mutants it is built to catch)
 CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
@@ -222,6 +277,8 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "majority paused past the stale limit": (majority_paused_past_the_stale_limit, ()),
     "late release of an earlier attempt": (late_release_of_an_earlier_attempt, ("one value for every retry",)),
     "replies that take long": (replies_that_take_long, ("validity from after the fan-out",)),
+    "cancelled acquire": (cancelled_acquire, ()),
+    "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
 }
 
 

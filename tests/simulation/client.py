@@ -94,6 +94,9 @@ class SimClient:
         # The manager a lock knows about: configuration and quorum only.
         self.manager = SimpleNamespace(config=config, node_list=self.names, quorum=self.quorum, _forget=lambda lock: None)
         self.last_error: BaseException | None = None
+        #: id(step) -> an exception to throw into that step instead of its round's results
+        #: (a caller cancelled while it awaited the round).
+        self.cancelled: dict[int, BaseException] = {}
         self.acquired = 0
         self.failed = 0
 
@@ -117,7 +120,7 @@ class SimClient:
             except StopIteration as stop:
                 done(stop.value, None)
                 return
-            except Exception as exc:  # noqa: BLE001 - the operation's own outcome (LockNotAcquired...)
+            except BaseException as exc:  # noqa: BLE001 - the operation's own outcome (LockNotAcquired...)
                 done(None, exc)
                 return
             value, error = None, None
@@ -133,7 +136,7 @@ class SimClient:
             elif kind is steps.Background:
                 self.fan(effect.fan, lambda results: None)
             elif kind is steps.Fan:
-                self.fan(effect, lambda results: self._advance(step, done, results, None))
+                self.fan(effect, lambda results: self._advance(step, done, results, self.cancelled.pop(id(step), None)))
                 return
             else:
                 raise TypeError(f"unknown step effect {effect!r}")
