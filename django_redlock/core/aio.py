@@ -31,7 +31,6 @@ from django_redlock.core.nodes import Node, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, Script
-from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -204,7 +203,6 @@ async def afanout(
     timeout: float,
     done: Callable[[list[Any]], bool] | None = None,
     script: Script | None = None,
-    keys: Sequence[str] = (),
     ordered_after_key: str | None = None,
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
@@ -477,16 +475,8 @@ class AsyncLockManager(ManagerBase):
         label: str | None = None,
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
-        try:
-            plan = await self._run(
-                steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
-            )
-        except LockNotAcquired as error:
-            base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
-            raise
-        lock = AsyncLock(self, plan.resource, plan.holder, plan.ttl, plan.started)
-        base.call_hook(self.config.hooks, "acquired", lock)
-        return lock
+        plan = await self._run(self._acquiring(resource, ttl, blocking, timeout, label))
+        return self._granted(plan, AsyncLock)
 
     async def _run(self, step: steps.Step) -> Any:
         """Drive a step on the running loop; an exception (a cancellation) is thrown into it."""
@@ -565,7 +555,7 @@ class AsyncLockManager(ManagerBase):
         timings: list[float | None] = [None] * len(self.node_list)
         results = await self._fanout([("INFO",)] * len(self.node_list), timeout, timings=timings)
         fsync = await self._fanout([("CONFIG", "GET", "appendfsync")] * len(self.node_list), timeout)
-        window = self.config.window()
+        window = self.config.restart_window
         return [status_of(*row, window) for row in zip(self.node_list, results, fsync, timings)]
 
     async def ping(self, timeout: float | None = None) -> dict[str, float | None]:

@@ -183,10 +183,6 @@ class ManagerConfig:
             )
         return value
 
-    def window(self) -> float:
-        """How long a node restarted without fsync-always persistence sits out (0: rule off)."""
-        return self.restart_window
-
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
 

@@ -93,10 +93,8 @@ def entry_for(command: Sequence[Any], is_release: bool, waiter: Any, retry: byte
     return Entry(OTHER, waiter=waiter, retry=retry)
 
 
-def after_noscript(entry: Entry) -> Entry | None:
-    """The entry for the EVAL sent after a NOSCRIPT reply, or None when there is nothing to resend."""
-    if entry.retry is None:
-        return None
+def after_noscript(entry: Entry) -> Entry:
+    """The entry for the EVAL (``entry.retry``) sent after a NOSCRIPT reply."""
     return Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)
 
 
@@ -164,15 +162,13 @@ DENIED = (
 )
 
 
-def vote_refusal(restart: Restart | None, window: float, now: float, fsync_always: bool) -> str | None:
+def vote_refusal(restart: Restart | None, window: float, now: float) -> str | None:
     """Why a connection's vote does not count under the delayed-restart rule, or None.
 
     A node restarted without fsync-every-write persistence may have lost keys
     of locks that are still valid; it does not vote until it has been up for
     ``window`` seconds. A node whose uptime is not known does not vote either.
     """
-    if window <= 0 or fsync_always:
-        return None
     if restart is None:
         return UNKNOWN
     if restart.durable:

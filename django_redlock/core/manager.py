@@ -13,7 +13,6 @@ from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT
-from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["LockManager"]
 
@@ -76,6 +75,15 @@ class ManagerBase:
     def node_timeout(self) -> float:
         return self.config.node_timeout
 
+    def _acquiring(self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None) -> steps.Step:
+        return steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
+
+    def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
+        """The lock of the winning attempt (built on the time it began), announced to the hooks."""
+        lock = lock_class(self, plan.resource, plan.holder, plan.ttl, plan.started)
+        base.call_hook(self.config.hooks, "acquired", lock)
+        return lock
+
     def key(self, resource: str) -> str:
         """The Redis key that locks ``resource``."""
         return self.config.key(check_resource(resource))
@@ -123,17 +131,8 @@ class LockManager(ManagerBase):
         or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
         when too few nodes answered.
         """
-        try:
-            plan = steps.run_sync(
-                steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label),
-                self._perform,
-            )
-        except LockNotAcquired as error:
-            base.call_hook(self.config.hooks, "not_acquired", error.resource, error)
-            raise
-        lock = Lock(self, plan.resource, plan.holder, plan.ttl, plan.started)
-        base.call_hook(self.config.hooks, "acquired", lock)
-        return lock
+        plan = steps.run_sync(self._acquiring(resource, ttl, blocking, timeout, label), self._perform)
+        return self._granted(plan, Lock)
 
     def _perform(self, effect: Any) -> Any:
         """Do what a step asks for, on real sockets and the real clock."""
@@ -216,7 +215,7 @@ class LockManager(ManagerBase):
         timings: list[float | None] = [None] * len(nodes)
         results = fanout(nodes, [("INFO",)] * len(nodes), timeout=timeout, timings=timings)
         fsync = fanout(nodes, [("CONFIG", "GET", "appendfsync")] * len(nodes), timeout=timeout)
-        window = self.config.window()
+        window = self.config.restart_window
         return [status_of(*row, window) for row in zip(nodes, results, fsync, timings)]
 
     def ping(self, timeout: float | None = None) -> dict[str, float | None]:
@@ -239,18 +238,6 @@ class LockManager(ManagerBase):
         self.close()
 
     # -- internals used by Lock -----------------------------------------
-
-    def _set_all(self, key: str, value: str, ttl: float, window: float) -> list[Any]:
-        nodes = self.node_list
-        return fanout(
-            nodes,
-            [base.set_command(key, value, ttl)] * len(nodes),
-            timeout=self.config.node_timeout,
-            done=base.until_outcome(self.quorum, len(nodes)),
-            keys=[key],
-            allow_lagging=False,
-            restart_window=window,
-        )
 
     def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import weakref
+from contextlib import nullcontext
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -608,30 +609,30 @@ Command = tuple[Any, ...]
 Done = Callable[[list[Any]], bool]
 
 
-def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None) -> tuple[Any, Any, bool]:
-    """Read the next reply on ``conn`` and book it: ``(entry, reply, resent)``.
+def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None, rnd: Round | None = None) -> bool:
+    """Read the next reply on ``conn`` and book it; True when it was ``rnd``'s own, now taken.
 
-    Error replies are returned as exceptions; a broken connection raises.
-    After a NOSCRIPT the script's source is sent at once and ``resent`` is True
-    (the entry is then the new one, still waiting). Pass the node's ``mutex``
-    when the caller does not hold it.
+    Error replies are booked as exceptions; a broken connection raises. After a
+    NOSCRIPT the script's source is sent at once (the books wait for that
+    reply instead). Pass the node's ``mutex`` when the caller does not hold it:
+    booking, taking and the check-in happen under one acquisition.
     """
     try:
         reply = conn.read_response()
     except ResponseError as exc:
         reply = exc
-    try:
-        if mutex is None:
+    with mutex if mutex is not None else nullcontext():
+        try:
             entry, resend = books.read(conn, reply, now)
-        else:
-            with mutex:
-                entry, resend = books.read(conn, reply, now)
-    except ValueError as exc:
-        raise RedisConnectionError(f"Protocol error: {exc}") from None
+        except ValueError as exc:
+            raise RedisConnectionError(f"Protocol error: {exc}") from None
+        taken = resend is None and rnd is not None and entry.waiter is rnd
+        if taken:
+            rnd.take(entry, reply, now)  # type: ignore[union-attr]
+            books.checkin(conn, rnd.sent_at, now)  # type: ignore[union-attr]
     if resend is not None:
         conn.send_packed_command(pack(resend))
-        return entry, reply, True
-    return entry, reply, False
+    return taken
 
 
 def fanout(
@@ -641,7 +642,6 @@ def fanout(
     timeout: float,
     done: Done | None = None,
     script: Script | None = None,
-    keys: Sequence[str] = (),
     ordered_after_key: str | None = None,
     allow_lagging: bool = True,
     timings: list[float | None] | None = None,
@@ -653,7 +653,7 @@ def fanout(
     Returns one entry per node: the reply, or a :class:`Failure`. The round
     decides what is written, how long to wait and what each reply means;
     replies not read by the end stay booked on their connection and are read
-    the next time the node is used. ``keys`` is accepted for compatibility.
+    the next time the node is used.
     """
     now = time.monotonic()
     pid = os.getpid()  # once per fan-out: a syscall, and a fork cannot happen in the middle of one
@@ -766,30 +766,10 @@ def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, An
 
 
 def _read_ours(node: Node, rnd: Round, conn: Any) -> bool:
-    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False).
-
-    Same steps as :func:`read_booked` then ``rnd.take`` and the check-in, under one
-    acquisition of the node's mutex per reply (the fan-out's own process: no fork check).
-    """
-    books = node.books
-    mutex = node._mutex
+    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False)."""
     while True:
-        now = time.monotonic()
-        try:
-            reply = conn.read_response()
-        except ResponseError as exc:
-            reply = exc
-        with mutex:
-            try:
-                entry, resend = books.read(conn, reply, now)
-            except ValueError as exc:
-                raise RedisConnectionError(f"Protocol error: {exc}") from None
-            if resend is None and entry.waiter is rnd:
-                rnd.take(entry, reply, now)
-                books.checkin(conn, rnd.sent_at, now)
-                return True
-        if resend is not None:
-            conn.send_packed_command(pack(resend))
+        if read_booked(node.books, conn, time.monotonic(), node._mutex, rnd):
+            return True
         if not conn.can_read(0):
             return False
 

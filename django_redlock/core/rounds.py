@@ -120,8 +120,6 @@ class NodeBooks:
         self.parked: dict[Any, float] = {}  # connection -> last progress (a reply read, or the write)
         self.down_until = 0.0
         self.down_reason = ""
-        #: The last restart state a probe learned (for status and logs).
-        self.restart: Restart | None = None
         self.announced = ""  # run id of the restart last logged
         self.denied_warned = False
 
@@ -186,6 +184,8 @@ class NodeBooks:
     def drop(self, conn: Any, now: float) -> None:
         """Forget a connection; what was unanswered on it may still reach the node."""
         self.parked.pop(conn, None)
+        if self.idle:
+            self.idle = [(c, t) for c, t in self.idle if c is not conn]
         entries = list(conn.expect)
         if entries:
             self.ledger.dropped(entries, now + max(e.ttl for e in entries) + self.stale_limit)
@@ -240,7 +240,6 @@ class NodeBooks:
             # The node forgot the script (a restart): send its source, once, in the same order.
             # Nobody waits any more: only a release is still worth running (a late extension is not).
             again = ledger.after_noscript(entry)
-            assert again is not None
             conn.expect.append(again)
             if entry.waiter is not None:
                 entry.waiter.replaced(entry, again)
@@ -256,7 +255,7 @@ class NodeBooks:
         conn.probing = False
         if restart is None:
             return  # a passing error (BUSY, LOADING): still unknown; the next vote probes again
-        conn.restart = self.restart = restart
+        conn.restart = restart
         if conn.restart.uptime is None and not conn.restart.durable and not self.denied_warned:
             self.denied_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.DENIED)
@@ -265,7 +264,7 @@ class NodeBooks:
         """A failure for a vote that must not count under the delayed-restart rule, else None."""
         if window <= 0 or self.fsync_always:
             return None
-        reason = ledger.vote_refusal(conn.restart, window, now, False)
+        reason = ledger.vote_refusal(conn.restart, window, now)
         if reason is None:
             return None
         restart = conn.restart
@@ -320,6 +319,7 @@ class Round:
         self.deadline = now + timeout
         self.grace = False
         self.changed = True  # results moved since ``done`` was last asked
+        self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
         if owe is not None:
@@ -352,7 +352,9 @@ class Round:
         script = self.script
         retry = None
         if script is not None and command[0] == "EVALSHA":
-            retry = ("EVAL", script.source, *command[2:])
+            retry = self._sources.get(command)
+            if retry is None:
+                retry = self._sources[command] = ("EVAL", script.source, *command[2:])
             if parked_since is not None:
                 command, retry = retry, None  # a late NOSCRIPT here would come too late to resend
         mine = entry_for(command, self.is_release, self, retry)

@@ -134,7 +134,9 @@ def acquire(
             break
         yield Sleep(pause)
     ttls = yield Fan([("PTTL", plan.key)] * total, allow_lagging=False)
-    raise plan.error(names, quorum, base.retry_after_of(ttls, quorum))
+    error = plan.error(names, quorum, base.retry_after_of(ttls, quorum))
+    base.call_hook(config.hooks, "not_acquired", plan.resource, error)
+    raise error
 
 
 def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
@@ -158,7 +160,7 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
     if not lock.locked():
         raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
     fence_key = config.fence_key(lock.resource)
-    window = config.window()
+    window = config.restart_window
     reads = yield Fan(
         [("GET", fence_key)] * total,
         done=base.until_outcome(quorum, total, lambda r: True),

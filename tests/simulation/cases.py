@@ -70,6 +70,13 @@ def _release(client: SimClient, lock: LockBase, then: Callable[[], None] = lambd
     client.release(lock, then)
 
 
+def _hold_on_first_three(sim: Sim, client: SimClient, then: Callable[[LockBase | None], None]) -> None:
+    """Acquire "r" with nodes 3 and 4 cut off from ``client``: its lock lives on nodes 0, 1, 2 only."""
+    for node in sim.nodes[3:]:
+        sim.network.partition(node, [client.proc])
+    _acquire(client, "r", then)
+
+
 def fence_written_to_a_minority(seed: int) -> Sim:
     """A's fencing write reaches one node; B, whose wall clock is behind, reads a quorum without it."""
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
@@ -104,12 +111,7 @@ def restarted_node_whose_probe_fails(seed: int) -> Sim:
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
     a = SimClient(sim, "a", ttl=TTL)
     b = SimClient(sim, "b", ttl=TTL)
-    net, nodes, world = sim.network, sim.nodes, sim.world
-
-    def start() -> None:
-        for node in nodes[3:]:
-            net.partition(node, [a.proc])  # a's lock lives on nodes 0, 1, 2 only
-        _acquire(a, "r", a_acquired)
+    nodes, world = sim.nodes, sim.world
 
     def a_acquired(lock: LockBase | None) -> None:
         assert lock is not None
@@ -118,7 +120,7 @@ def restarted_node_whose_probe_fails(seed: int) -> Sim:
         world.after(0.1, _acquire, b, "r", lambda lock: None)
         world.after(0.5, setattr, nodes[2], "flaky_info", 0.0)
 
-    world.at(START, start)
+    world.at(START, _hold_on_first_three, sim, a, a_acquired)
     world.run_until(START + 3)
     return sim
 
@@ -128,12 +130,7 @@ def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
     a = SimClient(sim, "a", ttl=TTL)
     b = SimClient(sim, "b", ttl=TTL)
-    net, nodes, world = sim.network, sim.nodes, sim.world
-
-    def start() -> None:
-        for node in nodes[3:]:
-            net.partition(node, [a.proc])
-        _acquire(a, "r", a_acquired)
+    nodes, world = sim.nodes, sim.world
 
     def a_acquired(lock: LockBase | None) -> None:
         assert lock is not None
@@ -143,7 +140,7 @@ def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
         world.after(0.35, nodes[2].resume)
         world.after(0.40, _acquire, b, "r", lambda lock: None)  # must not win while a holds
 
-    world.at(START, start)
+    world.at(START, _hold_on_first_three, sim, a, a_acquired)
     world.run_until(START + 3)
     return sim
 

@@ -177,7 +177,6 @@ class SimClient:
             if entry.waiter is not None:
                 entry.waiter.take(entry, Failure(reason), now)
         conn.books.drop(conn, now)
-        conn.books.idle = [(c, t) for c, t in conn.books.idle if c is not conn]
 
     def _send(self, conn: SimConn, commands: list[tuple[Any, ...]]) -> bool:
         try:

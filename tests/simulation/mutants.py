@@ -48,15 +48,15 @@ def same_value_every_attempt() -> Any:
 
 def restart_rule_off() -> Any:
     """Restarted nodes vote at once."""
-    return _patch(ledger, "vote_refusal", lambda restart, window, now, fsync_always: None)
+    return _patch(ledger, "vote_refusal", lambda restart, window, now: None)
 
 
 def restart_rule_open_when_unknown() -> Any:
     """A node whose restart state is unknown (probe not read yet) votes."""
     real = ledger.vote_refusal
 
-    def open_when_unknown(restart: Any, window: float, now: float, fsync_always: bool) -> Any:
-        return None if restart is None else real(restart, window, now, fsync_always)
+    def open_when_unknown(restart: Any, window: float, now: float) -> Any:
+        return None if restart is None else real(restart, window, now)
 
     return _patch(ledger, "vote_refusal", open_when_unknown)
 
