@@ -234,6 +234,7 @@ def test_fencing_tokens_increase_across_majorities(manager, servers):
 
 
 def test_fencing_token_after_expiry_is_refused(manager):
+    manager.acquire("warm-up").release()  # connections made first: a 50 ms ttl leaves no room for connects
     lock = manager.acquire("fence-late", ttl=0.05)
     time.sleep(0.08)
     with pytest.raises(LockLost):
