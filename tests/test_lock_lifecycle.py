@@ -28,7 +28,7 @@ def nodes_with_key(servers, key):
 
 
 def nodes_with_value(servers, key, value):
-    return sum(1 for s in servers if s.running and not s.paused and client(s).get(key) == value)
+    return sum(1 for s in servers if s.running and not s.paused and client(s).get(key) == value.encode())
 
 
 def wait_child(pid, timeout):
