@@ -44,7 +44,9 @@ def test_second_acquire_is_refused_with_reasons(manager):
     assert not isinstance(err, QuorumUnavailable)
     assert (err.granted, err.quorum, err.total) == (0, 3, 5)
     assert "0 of 5 nodes agreed, 3 needed" in str(err)
-    assert set(err.failures.values()) == {"held by another holder"}
+    reasons = list(err.failures.values())
+    assert reasons.count("held by another holder") >= 3  # enough to decide; the rest may not be awaited
+    assert set(reasons) <= {"held by another holder", "not awaited: the outcome was already known"}
     assert 9.0 < err.retry_after <= 10.0
     held.release()
 

@@ -208,6 +208,7 @@ async def afanout(
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
     owe: tuple[str, str, float] | None = None,
+    block: tuple[str, float] | None = None,
 ) -> list[Any]:
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
     now = time.monotonic()
@@ -225,6 +226,7 @@ async def afanout(
         restart_window=restart_window,
         timings=timings,
         owe=owe,
+        block=block,
     )
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
@@ -313,7 +315,7 @@ class AsyncLock(LockBase):
         if not self._start_release():
             return False
         self.manager._forget(self)
-        results = await self.manager._release_keys(self.key, self.value)
+        results = await self.manager._release_keys(self.resource, self.value, place=self._place)
         return self._judge_release(results)
 
     async def owned(self) -> bool:
@@ -576,9 +578,9 @@ class AsyncLockManager(ManagerBase):
 
     # -- internals used by AsyncLock -------------------------------------
 
-    async def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
+    async def _release_keys(self, resource: str, value: str, ttl: float | None = None, place: str = "") -> list[Any]:
         """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
-        fan = steps.release_fan(self.config, len(self.node_list), key, value, ttl)
+        fan = steps.release_fan(self.config, len(self.node_list), resource, value, ttl, place)
         try:
             result: list[Any] = await self._perform(fan)
         except asyncio.CancelledError:

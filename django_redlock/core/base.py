@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder, LockRecord, NodeEntry
-from django_redlock.core.scripts import INSPECT, script_command
+from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, script_command
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -29,6 +29,11 @@ DRIFT_CONSTANT = 0.002
 DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
 TOKEN_BYTES = 20
+#: The longest single wait in line: a waiter votes again at least this often.
+WAIT_SLICE = 0.5
+#: A place in line outlives its waiter's current wait by this much; a waiter
+#: that dies holds up the line at most ``WAIT_SLICE + PLACE_MARGIN``.
+PLACE_MARGIN = 1.0
 
 
 class Hooks:
@@ -172,6 +177,19 @@ class ManagerConfig:
     def key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"
 
+    def line_keys(self, resource: str) -> tuple[str, str, str]:
+        """The lock key, the waiting line's order and its places (the scripts' KEYS)."""
+        prefix = self.key_prefix
+        return f"{prefix}lock:{resource}", f"{prefix}queue:{resource}", f"{prefix}places:{resource}"
+
+    def wake_prefix(self, resource: str) -> str:
+        return f"{self.key_prefix}wake:{resource}:"
+
+    def release_command(self, resource: str, value: str, place: str = "") -> tuple[Any, ...]:
+        """Compare-and-delete ``value``, leave the line with ``place``, wake the first waiter."""
+        life = ms(WAIT_SLICE + PLACE_MARGIN)
+        return script_command(RELEASE, self.line_keys(resource), (value, place, self.wake_prefix(resource), life))
+
     def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
         """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
         value = check_ttl(ttl, default, argument)
@@ -261,8 +279,21 @@ def failures_of(
         if isinstance(reply, Failure):
             out[name] = reply.reason
         elif reply is None or not success(reply):
-            out[name] = refused
+            out[name] = REFUSALS.get(reply, refused) if type(reply) is int else refused
     return out
+
+
+#: What an ACQUIRE refusal means, for error messages.
+REFUSALS = {
+    HELD: "held by another holder",
+    NOT_FIRST: "free, but another waiter is first in line",
+    NO_PLACE: "our place in line had expired",
+}
+
+
+def definite(reply: Any) -> bool:
+    """A vote's reply that says for sure whether our value was set (not a failure or a timeout)."""
+    return reply is not None and not isinstance(reply, Failure) and not isinstance(reply, Exception)
 
 
 def not_acquired(
@@ -449,8 +480,12 @@ class Scan:
 
 
 class Attempts:
-    """One ``acquire()`` call's plan: validated arguments, the holder, and when to give up.
+    """One ``acquire()`` call's plan: validated arguments, the holder, its place in line, when to give up.
 
+    A blocking call takes a place in every node's waiting line, ordered by a
+    ticket it picks once (its wall-clock start), and waits for a wake-up
+    between votes; a vote is granted only to the first in line. A
+    non-blocking call never takes a place and is refused while anyone waits.
     Used by :func:`django_redlock.core.steps.acquire`; every time is passed in.
     """
 
@@ -463,6 +498,7 @@ class Attempts:
         timeout: Any,
         label: str | None,
         now: float,
+        wall: int,
     ) -> None:
         self.config = config
         self.resource = check_resource(resource)
@@ -470,10 +506,26 @@ class Attempts:
         self.timeout = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
         self.blocking = blocking
         self.label = label if label is not None else config.label
-        self.key = config.key(self.resource)
+        self.key, self.queue, self.places = config.line_keys(self.resource)
         self.window = config.restart_window
         self._new_holder()
         self.begun = now
+        if not blocking:
+            self.deadline = now
+        elif self.timeout is not None:
+            self.deadline = now + self.timeout
+        elif config.retry_count is None:
+            self.deadline = math.inf
+        else:
+            self.deadline = now + config.retry_count * config.retry_delay
+        #: "once" (no place in line), "join" (take a place, then vote) or "wait" (vote when woken).
+        self.mode = "join" if self.deadline > now else "once"
+        #: This call's place in every node's line, and its ticket (the order; ties go by place).
+        self.place = self.holder.token
+        self.ticket = wall
+        self.wake = config.wake_prefix(self.resource) + self.place
+        #: How long the next vote may wait in line for a wake-up first (0: vote at once).
+        self.slice = 0.0
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
@@ -484,11 +536,18 @@ class Attempts:
         self.holder = self.config.make_holder(self.label)
         self.value = self.holder.encode()
 
+    def vote(self) -> tuple[Any, ...]:
+        """This attempt's ACQUIRE command (the same for every node)."""
+        life = ms(self.slice + PLACE_MARGIN)
+        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, self.wake)
+        return script_command(ACQUIRE, (self.key, self.queue, self.places), args)
+
     def won(self, results: Sequence[Any], started: float, quorum: int, now: float) -> bool:
         """Judge an attempt: a quorum said yes and validity is left after drift.
 
-        ``started`` is read before the first command was written, ``now`` after
-        the last reply: the validity is what is left of the ttl in between.
+        ``started`` is read before the first command was written (before the
+        wait in line, too), ``now`` after the last reply: the validity is what
+        is left of the ttl in between.
         """
         self.attempts += 1
         self.results = results
@@ -497,25 +556,33 @@ class Attempts:
         self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
         return count(results) >= quorum and self.validity > 0
 
-    def pause(self, now: float) -> float | None:
-        """Seconds to wait before the next attempt (which gets a new value), or None to give up."""
-        pause = self._pause(now)
-        if pause is not None:
-            self._new_holder()
-        return pause
+    def unsure(self) -> list[bool]:
+        """Per node: may this attempt's value be set there (granted, or no definite answer)?"""
+        return [not (definite(r) and type(r) is int) for r in self.results]
 
-    def _pause(self, now: float) -> float | None:
-        if not self.blocking:
+    def next_vote(self, quorum: int, now: float) -> float | None:
+        """After a failed attempt: None to give up, else seconds to sleep before the next vote.
+
+        Refused by enough nodes to decide: wait in line (woken by a release,
+        or after a slice). Too few nodes answered: sleep ``retry_delay`` (with
+        jitter), then take a place again.
+        """
+        remaining = self.deadline - now
+        if self.mode == "once" or remaining <= 0:
             return None
-        pause = self.config.retry_pause()
-        if self.timeout is not None:
-            remaining = self.timeout - (now - self.begun)
-            if remaining <= 0:
-                return None
-            return min(pause, remaining)  # the last attempt is made at the deadline
-        if self.config.retry_count is not None and self.attempts > self.config.retry_count:
-            return None
-        return pause
+        if NO_PLACE in self.results:
+            self.mode, self.slice = "join", 0.0
+            return 0.0
+        if sum(1 for r in self.results if definite(r)) >= quorum:
+            self.mode = "wait"
+            self.slice = max(0.001, min(WAIT_SLICE, remaining, self.ttl / 4))
+            return 0.0
+        self.mode, self.slice = "join", 0.0
+        return min(self.config.retry_pause(), remaining)  # the last attempt is made at the deadline
+
+    def renew(self) -> None:
+        """A new value for the next attempt (the place and ticket stay)."""
+        self._new_holder()
 
     def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None) -> LockNotAcquired:
         granted = count(self.results) >= quorum

@@ -48,6 +48,7 @@ OTHER = 0
 SET = 1  # SET key value NX PX: a vote
 RELEASE = 2  # the compare-and-delete script
 PROBE_REPLY = 3
+WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
 
 #: Marks the entry whose reply the current caller waits for.
 MINE = object()
@@ -84,12 +85,19 @@ class Entry:
         return f"<Entry {self.kind} {self.key!r}>"
 
 
-def entry_for(command: Sequence[Any], is_release: bool, waiter: Any, retry: bytes | None = None) -> Entry:
-    """The entry for a fan-out's own command: votes and releases are booked, the rest not."""
-    if command[0] == "SET":
-        return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
-    if is_release:  # ("EVALSHA" | "EVAL", script, 1, key, value)
-        return Entry(RELEASE, command[3], command[4], waiter=waiter, retry=retry)
+def pair_of(command: Sequence[Any]) -> tuple[str, str]:
+    """(lock key, holder value) of an ACQUIRE or RELEASE script call: KEYS[1] and ARGV[1]."""
+    return command[3], command[3 + command[2]]
+
+
+def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: bytes | None = None) -> Entry:
+    """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
+    if kind == SET:  # ACQUIRE: KEYS lock, queue, places; ARGV value, ttl ms, ...
+        key, value = pair_of(command)
+        return Entry(SET, key, value, command[7] / 1000.0, waiter, retry)
+    if kind == RELEASE:
+        key, value = pair_of(command)
+        return Entry(RELEASE, key, value, waiter=waiter, retry=retry)
     return Entry(OTHER, waiter=waiter, retry=retry)
 
 
@@ -189,11 +197,13 @@ def vote_refusal(restart: Restart | None, window: float, now: float) -> str | No
 
 
 class Debt:
-    __slots__ = ("key", "value", "until", "paid_at")
+    __slots__ = ("key", "value", "until", "paid_at", "command")
 
-    def __init__(self, key: str, value: str, until: float, paid_at: float) -> None:
+    def __init__(self, key: str, value: str, until: float, paid_at: float, command: tuple[Any, ...]) -> None:
         self.key = key
         self.value = value
+        #: The release to send (as EVAL: no NOSCRIPT to handle).
+        self.command = command
         #: After this (monotonic) time the key has surely expired: forget the debt.
         self.until = until
         #: When a release for it was last written (not again while that one is in flight).
@@ -231,11 +241,11 @@ class Ledger:
         else:
             self.unanswered.pop(pair, None)
 
-    def owe(self, key: str, value: str, until: float, now: float) -> None:
-        """Record that a release of ``value`` is owed (a release is being written now)."""
+    def owe(self, key: str, value: str, until: float, now: float, command: tuple[Any, ...]) -> None:
+        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now."""
         debt = self.debts.get((key, value))
         if debt is None:
-            self.debts[(key, value)] = Debt(key, value, until, now)
+            self.debts[(key, value)] = Debt(key, value, until, now, command)
             self.next_due = min(self.next_due, now + self.retry_after) if len(self.debts) > 1 else now + self.retry_after
         else:
             debt.until = max(debt.until, until)

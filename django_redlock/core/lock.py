@@ -29,8 +29,11 @@ class LockBase:
         holder: Holder,
         ttl: float,
         started: float,
+        place: str = "",
     ) -> None:
         self.manager = manager
+        # The acquire call's place in the nodes' waiting lines: the release leaves it.
+        self._place = place
         #: The name callers lock, e.g. ``"invoice-42"``.
         self.resource = resource
         #: The Redis key on every node.
@@ -275,7 +278,7 @@ class Lock(LockBase):
         if not self._start_release():
             return False
         self.manager._forget(self)
-        results = self.manager._release_keys(self.key, self.value)
+        results = self.manager._release_keys(self.resource, self.value, place=self._place)
         return self._judge_release(results)
 
     def owned(self) -> bool:

@@ -80,7 +80,7 @@ class ManagerBase:
 
     def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
-        lock = lock_class(self, plan.resource, plan.holder, plan.ttl, plan.started)
+        lock = lock_class(self, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
 
@@ -239,9 +239,10 @@ class LockManager(ManagerBase):
 
     # -- internals used by Lock -----------------------------------------
 
-    def _release_keys(self, key: str, value: str, ttl: float | None = None) -> list[Any]:
+    def _release_keys(self, resource: str, value: str, ttl: float | None = None, place: str = "") -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
-        result: list[Any] = self._perform(steps.release_fan(self.config, len(self.node_list), key, value, ttl))
+        fan = steps.release_fan(self.config, len(self.node_list), resource, value, ttl, place)
+        result: list[Any] = self._perform(fan)
         return result
 
     def _retry_after(self, key: str) -> float | None:

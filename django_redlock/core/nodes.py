@@ -647,6 +647,7 @@ def fanout(
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
     owe: tuple[str, str, float] | None = None,
+    block: tuple[str, float] | None = None,
 ) -> list[Any]:
     """Run one :class:`~django_redlock.core.rounds.Round` on real sockets: write everything, then poll.
 
@@ -669,7 +670,7 @@ def fanout(
     else:
         rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
                     ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
-                    restart_window=restart_window, timings=timings)
+                    restart_window=restart_window, timings=timings, block=block)
     watched: dict[int, tuple[int, Any]] = {}  # fd -> (node index, connection)
     packed: dict[Any, bytes] = {}
     writing: tuple[Node, Any] | None = None

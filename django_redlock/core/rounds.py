@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django_redlock.core import ledger
-from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for
-from django_redlock.core.scripts import RELEASE, Script
+from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for, pair_of
+from django_redlock.core.scripts import ACQUIRE, RELEASE, Script
 
 __all__ = [
     "COOL_OFF",
@@ -92,7 +92,7 @@ def ms_text(seconds: float) -> str:
 class ConnState:
     """What the books keep per connection: replies still due, and what its probe learned."""
 
-    __slots__ = ("expect", "restart", "probe_replies", "probing")
+    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until")
 
     def __init__(self) -> None:
         #: Commands written whose replies have not been read, oldest first.
@@ -101,6 +101,13 @@ class ConnState:
         self.restart: Restart | None = None
         self.probe_replies: list[Any] = []
         self.probing = False
+        #: A wait in line (BLPOP) written here may keep the replies back until then.
+        self.quiet_until = 0.0
+
+
+def overdue(conn: Any, since: float, now: float) -> float:
+    """How long ``conn``'s replies have been overdue (not counting a wait in line)."""
+    return now - max(since, conn.quiet_until)
 
 
 class NodeBooks:
@@ -127,7 +134,7 @@ class NodeBooks:
 
     def lagging(self, now: float) -> bool:
         """True while a reply from this node is overdue by more than the node timeout."""
-        return any(conn.expect and now - since > self.node_timeout for conn, since in self.parked.items())
+        return any(conn.expect and overdue(conn, since, now) > self.node_timeout for conn, since in self.parked.items())
 
     def choose(
         self, after: tuple[str, str] | None, allow_lagging: bool, now: float
@@ -174,7 +181,7 @@ class NodeBooks:
         if not conn.expect:
             self.parked.pop(conn, None)
             self.idle.append((conn, now))
-        elif now - since > self.stale_limit:
+        elif overdue(conn, since, now) > self.stale_limit:
             self.drop(conn, now)
             return False
         else:
@@ -193,22 +200,29 @@ class NodeBooks:
 
     # -- writing and reading -------------------------------------------------------
 
-    def owe(self, key: str, value: str, ttl: float, now: float) -> None:
-        """A release of ``value`` is about to be written: owe it until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now)
+    def owe(self, key: str, value: str, ttl: float, now: float, command: Command) -> None:
+        """A release of ``value`` (``command``) is about to be written: owe it until it is proven done."""
+        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, ("EVAL", RELEASE.source, *command[2:]))
 
-    def prepare(self, conn: Any, mine: Entry, window: float, now: float) -> list[Command]:
-        """Commands to send before ``mine`` (debts due, a restart probe); books them all."""
+    def prepare(
+        self, conn: Any, mine: Entry, window: float, now: float, block: tuple[str, float] | None = None
+    ) -> list[Command]:
+        """Commands to send before ``mine`` (debts due, a restart probe, a wait in line); books them all."""
         expect = conn.expect
         extra: list[Command] = []
         if self.ledger.debts:
-            for debt in self.ledger.due(now, self.node_timeout):  # sent as EVAL: no NOSCRIPT to handle
-                extra.append(("EVAL", RELEASE.source, 1, debt.key, debt.value))
+            for debt in self.ledger.due(now, self.node_timeout):
+                extra.append(debt.command)
                 expect.append(Entry(ledger.RELEASE, debt.key, debt.value))
         if window > 0 and not self.fsync_always and conn.restart is None and not conn.probing:
             extra.extend(PROBE)
             conn.probing = True
             expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+        if block is not None:
+            wake, seconds = block
+            extra.append(("BLPOP", wake, f"{seconds:.3f}"))
+            expect.append(Entry(ledger.WAKE))
+            conn.quiet_until = max(conn.quiet_until, now + seconds)
         if mine.kind == ledger.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
         expect.append(mine)
@@ -232,6 +246,8 @@ class NodeBooks:
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
+        elif kind == ledger.WAKE:
+            conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
         if (
             entry.retry is not None
             and type(reply).__name__ == "NoScriptError"
@@ -301,6 +317,7 @@ class Round:
         restart_window: float = 0.0,
         timings: list[float | None] | None = None,
         owe: tuple[str, str, float] | None = None,
+        block: tuple[str, float] | None = None,
     ) -> None:
         self.books = books
         self.commands = commands
@@ -309,6 +326,8 @@ class Round:
         self.done = done
         self.script = script
         self.is_release = script is RELEASE
+        self.kind = ledger.RELEASE if self.is_release else ledger.SET if script is ACQUIRE else ledger.OTHER
+        self.block = block
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging
         self.window = restart_window
@@ -324,8 +343,9 @@ class Round:
         self.on_reply: Callable[[], None] | None = None
         if owe is not None:
             key, value, ttl = owe
-            for book in books:
-                book.owe(key, value, ttl, now)
+            for book, command in zip(books, commands):
+                if command is not None:
+                    book.owe(key, value, ttl, now, command)
 
     def choose(self, i: int, now: float) -> tuple[str, Any, float | None] | None:
         """Where node ``i``'s command goes; None when the node already has its result."""
@@ -334,7 +354,7 @@ class Round:
             return None
         after = None
         if self.ordered_after_key is not None and self.is_release:
-            after = (self.ordered_after_key, self.commands[i][4])  # type: ignore[index]
+            after = pair_of(self.commands[i])  # type: ignore[arg-type]
         try:
             return self.books[i].choose(after, self.allow_lagging, now)
         except NodeUnavailable as exc:
@@ -357,8 +377,8 @@ class Round:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
             if parked_since is not None:
                 command, retry = retry, None  # a late NOSCRIPT here would come too late to resend
-        mine = entry_for(command, self.is_release, self, retry)
-        extra = self.books[i].prepare(conn, mine, self.window, now)
+        mine = entry_for(command, self.kind, self, retry)
+        extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
         self._mine[i] = mine
         if extra:
@@ -376,8 +396,10 @@ class Round:
             self.books[i].drop(conn, now)
             self.results[i] = Failure(error)
             return False
-        if parked_since is not None and self.sent_at - parked_since > self.books[i].node_timeout:
-            # Ordered behind a command that is overdue: queue it, do not wait for it.
+        if parked_since is not None and (
+            self.sent_at - parked_since > self.books[i].node_timeout or conn.quiet_until > now
+        ):
+            # Ordered behind a command that is overdue, or behind a wait in line: queue it, do not wait for it.
             del self.waiting[mine]
             mine.waiter = None
             self.books[i].checkin(conn, parked_since, now)

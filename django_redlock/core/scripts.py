@@ -27,15 +27,96 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
-# KEYS[1] lock key; ARGV[1] holder value.
-# Delete the key only if it still holds our value: never another holder's lock.
+# The waiting line of a resource, on each node (see docs/safety.rst, "Waiting in line"):
+#   queue  (zset) place -> ticket: the order, the same on every node (the waiter picks its ticket once);
+#   places (zset) place -> expiry in node milliseconds: a place not refreshed in time is forgotten;
+#   wake list  prefix .. place: pushed when the lock may be free and that place is first in line.
+# Forgetting expired places is the first thing both scripts do.
+_FORGET_EXPIRED = """
+local clock = redis.call('time')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+local expired = redis.call('zrangebyscore', KEYS[3], '-inf', now)
+if #expired > 0 then
+    redis.call('zrem', KEYS[3], unpack(expired))
+    redis.call('zrem', KEYS[2], unpack(expired))
+end
+"""
+
+#: Reply of ACQUIRE when the lock is held by another value.
+HELD = 0
+#: Reply of ACQUIRE in "wait" mode when the waiter's place is gone (expired, or the call left).
+NO_PLACE = -1
+#: Reply of ACQUIRE when the lock is free but another waiter is first in line.
+NOT_FIRST = -2
+
+# KEYS[1] lock key, KEYS[2] queue, KEYS[3] places.
+# ARGV[1] holder value, ARGV[2] ttl ms, ARGV[3] mode, ARGV[4] place, ARGV[5] ticket,
+# ARGV[6] place lifetime ms, ARGV[7] the place's wake list.
+# SET key value NX PX ttl, and only for the first in line:
+#   "once": no place; refused while anyone waits;
+#   "join": take (or refresh) a place at ARGV[5], then vote;
+#   "wait": sent right behind a BLPOP on the wake list; votes only if the place still exists.
+# Replies +OK (granted, the place stays until the release) or HELD / NO_PLACE / NOT_FIRST.
+ACQUIRE = Script(
+    "acquire",
+    _FORGET_EXPIRED
+    + """
+local mode = ARGV[3]
+if mode ~= 'once' then
+    if mode == 'wait' then
+        redis.call('del', ARGV[7])
+        if not redis.call('zscore', KEYS[3], ARGV[4]) then
+            return -1
+        end
+    end
+    local life = tonumber(ARGV[6])
+    redis.call('zadd', KEYS[2], ARGV[5], ARGV[4])
+    redis.call('zadd', KEYS[3], now + life, ARGV[4])
+    if redis.call('pttl', KEYS[2]) < life then
+        redis.call('pexpire', KEYS[2], life)
+        redis.call('pexpire', KEYS[3], life)
+    end
+end
+if redis.call('exists', KEYS[1]) == 1 then
+    return 0
+end
+local first = redis.call('zrange', KEYS[2], 0, 0)[1]
+if first and first ~= ARGV[4] then
+    return -2
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.status_reply('OK')
+""",
+)
+
+# KEYS[1] lock key, KEYS[2] queue, KEYS[3] places.
+# ARGV[1] holder value, ARGV[2] the caller's place ('' for none), ARGV[3] wake list prefix,
+# ARGV[4] wake token lifetime ms.
+# Delete the key only if it still holds our value (never another holder's lock), leave
+# the line, and if the lock is now free wake whoever is first in line.
 RELEASE = Script(
     "release",
     """
+local released = 0
 if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('del', KEYS[1])
+    released = redis.call('del', KEYS[1])
 end
-return 0
+if ARGV[2] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[2])
+    redis.call('zrem', KEYS[3], ARGV[2])
+end
+if redis.call('exists', KEYS[1]) == 0 and redis.call('exists', KEYS[2]) == 1 then
+"""
+    + _FORGET_EXPIRED
+    + """
+    local first = redis.call('zrange', KEYS[2], 0, 0)[1]
+    if first then
+        local wake = ARGV[3] .. first
+        redis.call('rpush', wake, 1)
+        redis.call('pexpire', wake, ARGV[4])
+    end
+end
+return released
 """,
 )
 

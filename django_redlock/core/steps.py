@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE, Script
+from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, RELEASE, Script
 
 __all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
 
@@ -30,7 +30,17 @@ __all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fe
 class Fan:
     """Run one round: ``commands[i]`` to node ``i``; see :class:`~django_redlock.core.rounds.Round`."""
 
-    __slots__ = ("commands", "timeout", "done", "script", "ordered_after_key", "allow_lagging", "restart_window", "owe")
+    __slots__ = (
+        "commands",
+        "timeout",
+        "done",
+        "script",
+        "ordered_after_key",
+        "allow_lagging",
+        "restart_window",
+        "owe",
+        "block",
+    )
 
     def __init__(
         self,
@@ -43,6 +53,7 @@ class Fan:
         allow_lagging: bool = True,
         restart_window: float = 0.0,
         owe: tuple[str, str, float] | None = None,
+        block: tuple[str, float] | None = None,
     ) -> None:
         self.commands = commands
         self.timeout = timeout  # None: the node timeout
@@ -52,6 +63,7 @@ class Fan:
         self.allow_lagging = allow_lagging
         self.restart_window = restart_window
         self.owe = owe
+        self.block = block
 
     def options(self) -> dict[str, Any]:
         return {
@@ -61,6 +73,7 @@ class Fan:
             "allow_lagging": self.allow_lagging,
             "restart_window": self.restart_window,
             "owe": self.owe,
+            "block": self.block,
         }
 
 
@@ -84,11 +97,24 @@ WALL = "wall"
 Step = Generator[Any, Any, Any]
 
 
-def release_fan(config: base.ManagerConfig, total: int, key: str, value: str, ttl: float | None = None) -> Fan:
-    """Release ``value`` on every node, after whatever is still pending on the key; every node owes it first."""
-    command = ("EVALSHA", RELEASE.sha, 1, key, value)
+def release_fan(
+    config: base.ManagerConfig,
+    total: int,
+    resource: str,
+    value: str,
+    ttl: float | None = None,
+    place: str = "",
+    only: Sequence[bool] | None = None,
+) -> Fan:
+    """Release ``value`` (and leave the line with ``place``) on every node, or those marked in ``only``.
+
+    Each command goes after whatever is still pending for that value, and
+    every node it goes to owes it until a reply proves it done.
+    """
+    command = config.release_command(resource, value, place)
+    key = command[3]
     return Fan(
-        [command] * total,
+        [command if only is None or only[i] else None for i in range(total)],
         script=RELEASE,
         ordered_after_key=key,
         allow_lagging=False,
@@ -106,37 +132,56 @@ def acquire(
     timeout: Any,
     label: str | None,
 ) -> Step:
-    """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired."""
+    """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
+
+    A blocking call waits in every node's line between votes; see
+    :class:`~django_redlock.core.base.Attempts`.
+    """
     total = len(names)
-    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW))
+    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW), (yield WALL))
     done = base.until_outcome(quorum, total)
     while True:
         started = yield NOW  # before the first byte is written: the validity counts from here
         try:
+            wait = plan.slice if plan.mode == "wait" else 0.0
             results = yield Fan(
-                [base.set_command(plan.key, plan.value, plan.ttl)] * total,
+                [plan.vote()] * total,
+                timeout=config.node_timeout + wait if wait else None,
                 done=done,
+                script=ACQUIRE,
                 allow_lagging=False,
                 restart_window=plan.window,
+                block=(plan.wake, wait) if wait else None,
             )
             if plan.won(results, started, quorum, (yield NOW)):
                 return plan
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
-            # Interrupted (a signal, a cancellation): release what may have been set.
-            yield Background(release_fan(config, total, plan.key, plan.value, plan.ttl))
+            # Interrupted (a signal, a cancellation): release what may have been set, leave the line.
+            yield Background(release_fan(config, total, plan.resource, plan.value, plan.ttl, _place(plan)))
             raise
-        # Failed: release on every node, also those that seemed to fail.
-        yield release_fan(config, total, plan.key, plan.value, plan.ttl)
-        pause = plan.pause((yield NOW))
+        pause = plan.next_vote(quorum, (yield NOW))
+        # Release where this attempt's value may be set (the nodes that did not refuse for sure);
+        # a call that gives up also leaves the line everywhere.
+        leaving = pause is None and plan.mode != "once"
+        unsure = plan.unsure()
+        if leaving or any(unsure):
+            yield release_fan(config, total, plan.resource, plan.value, plan.ttl, _place(plan) if leaving else "",
+                              None if leaving else unsure)
         if pause is None:
             break
-        yield Sleep(pause)
+        plan.renew()
+        if pause > 0:
+            yield Sleep(pause)
     ttls = yield Fan([("PTTL", plan.key)] * total, allow_lagging=False)
     error = plan.error(names, quorum, base.retry_after_of(ttls, quorum))
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     raise error
+
+
+def _place(plan: base.Attempts) -> str:
+    return "" if plan.mode == "once" else plan.place
 
 
 def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
