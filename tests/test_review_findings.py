@@ -32,7 +32,7 @@ def test_release_is_ordered_after_its_own_set(servers):
             pc.hold_requests()
 
             def let_x_through():
-                pc.wait_held(lambda held: b"SET" in held)  # B's SET V2 frozen on connection Y
+                pc.wait_held(lambda held: b"EVALSHA" in held)  # B's vote V2 frozen on connection Y
                 pc.pass_requests()  # X flows again, Y stays frozen
 
             t = threading.Thread(target=let_x_through)
