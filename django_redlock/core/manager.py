@@ -123,10 +123,15 @@ class LockManager(ManagerBase):
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
-        ``blocking=False`` makes one attempt. With ``blocking=True`` the
-        manager retries after a random delay: until ``timeout`` seconds have
-        passed, or, when ``timeout`` is None, ``retry_count`` more times
-        (``retry_count=None``: forever). Raises
+        ``blocking=False`` makes one attempt and never waits; it is refused
+        while others wait in line for the lock. ``blocking=True`` waits in
+        line: the call takes a place in every node's line for ``resource``,
+        is woken when the holder releases, and is granted in the order
+        callers came (see :doc:`safety`). It waits up to ``timeout`` seconds,
+        or, when ``timeout`` is None, up to ``retry_count * retry_delay``
+        seconds (``retry_count=None``: forever); the last vote is made at the
+        deadline. While too few nodes answer it retries after ``retry_delay``
+        (with jitter) instead of waiting for a wake-up. Raises
         :class:`~django_redlock.exceptions.LockNotAcquired` when it gives up,
         or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
         when too few nodes answered.
