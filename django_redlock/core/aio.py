@@ -30,7 +30,7 @@ from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, 
 from django_redlock.core.nodes import Node, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT, Script
+from django_redlock.core.scripts import INSPECT, RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -538,7 +538,10 @@ class AsyncLockManager(ManagerBase):
 
     async def force_release(self, resource: str) -> int:
         key = self.key(resource)
-        results = await self._fanout([("DEL", key)] * len(self.node_list), max(self.config.node_timeout, 0.5))
+        timeout = max(self.config.node_timeout, 0.5)
+        results = await self._fanout([("DEL", key)] * len(self.node_list), timeout)
+        wake = self.config.release_command(resource, "")  # wake whoever waits in line
+        await self._fanout([wake] * len(self.node_list), timeout, script=RELEASE)
         return base.count(results, lambda r: r == 1)
 
     async def live_locks(self, match: str | None = None) -> AsyncIterator[LockRecord]:

@@ -12,7 +12,7 @@ from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT
+from django_redlock.core.scripts import INSPECT, RELEASE
 
 __all__ = ["LockManager"]
 
@@ -195,7 +195,10 @@ class LockManager(ManagerBase):
         """
         key = self.key(resource)
         nodes = self.node_list
-        results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=max(self.config.node_timeout, 0.5))
+        timeout = max(self.config.node_timeout, 0.5)
+        results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=timeout)
+        # Wake whoever waits in line (a release of no value: nothing else is touched).
+        fanout(nodes, [self.config.release_command(resource, "")] * len(nodes), timeout=timeout, script=RELEASE)
         return base.count(results, lambda r: r == 1)
 
     def live_locks(self, match: str | None = None) -> Iterator[LockRecord]:

@@ -56,7 +56,7 @@ NOT_FIRST = -2
 #   "once": no place; refused while anyone waits;
 #   "join": take (or refresh) a place at ARGV[5], then vote;
 #   "wait": sent right behind a BLPOP on the wake list; votes only if the place still exists.
-# Replies +OK (granted, the place stays until the release) or HELD / NO_PLACE / NOT_FIRST.
+# Replies +OK (granted: the place leaves this node's line) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
     "acquire",
     _FORGET_EXPIRED
@@ -85,6 +85,10 @@ if first and first ~= ARGV[4] then
     return -2
 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if mode ~= 'once' then
+    redis.call('zrem', KEYS[2], ARGV[4])
+    redis.call('zrem', KEYS[3], ARGV[4])
+end
 return redis.status_reply('OK')
 """,
 )
