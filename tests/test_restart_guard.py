@@ -59,9 +59,10 @@ def test_restarted_node_sits_out_until_the_window_passes(servers, caplog):
     with pytest.raises(LockNotAcquired) as info:
         guarded.acquire("guarded", blocking=False)
     assert lock.locked(), "the first lock is still valid: nobody else may hold it"
-    for i in (2, 3, 4):
-        reason = info.value.failures[guarded.nodes[i]]
-        assert "delayed restart" in reason and "sits out" in reason
+    reasons = [info.value.failures[guarded.nodes[i]] for i in (2, 3, 4)]
+    sitting_out = [r for r in reasons if "delayed restart" in r and "sits out" in r]
+    # Once the outcome is certain the rest is not awaited; node_status() below shows all three.
+    assert sitting_out and all(r in sitting_out or r.startswith("not awaited") for r in reasons), reasons
     status = guarded.node_status()
     assert [s.sits_out_for > 0 for s in status] == [False, False, True, True, True]
     logged = [r.getMessage() for r in caplog.records if "delayed restart" in r.getMessage()]

@@ -54,7 +54,7 @@ NOT_FIRST = -2
 # ARGV[6] place lifetime ms, ARGV[7] the place's wake list.
 # SET key value NX PX ttl, and only for the first in line:
 #   "once": no place; refused while anyone waits;
-#   "join": take (or refresh) a place at ARGV[5], then vote;
+#   "join": take (or refresh) a place at ARGV[5] (not needed when the lock is free and nobody waits), then vote;
 #   "wait": sent right behind a BLPOP on the wake list; votes only if the place still exists.
 # Replies +OK (granted: the place leaves this node's line) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
@@ -62,13 +62,14 @@ ACQUIRE = Script(
     _FORGET_EXPIRED
     + """
 local mode = ARGV[3]
-if mode ~= 'once' then
-    if mode == 'wait' then
-        redis.call('del', ARGV[7])
-        if not redis.call('zscore', KEYS[3], ARGV[4]) then
-            return -1
-        end
+if mode == 'wait' then
+    redis.call('del', ARGV[7])
+    if not redis.call('zscore', KEYS[3], ARGV[4]) then
+        return -1
     end
+end
+local held = redis.call('exists', KEYS[1]) == 1
+if mode ~= 'once' and (held or redis.call('exists', KEYS[2]) == 1) then
     local life = tonumber(ARGV[6])
     redis.call('zadd', KEYS[2], ARGV[5], ARGV[4])
     redis.call('zadd', KEYS[3], now + life, ARGV[4])
@@ -77,7 +78,7 @@ if mode ~= 'once' then
         redis.call('pexpire', KEYS[3], life)
     end
 end
-if redis.call('exists', KEYS[1]) == 1 then
+if held then
     return 0
 end
 local first = redis.call('zrange', KEYS[2], 0, 0)[1]
@@ -85,7 +86,7 @@ if first and first ~= ARGV[4] then
     return -2
 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if mode ~= 'once' then
+if first then
     redis.call('zrem', KEYS[2], ARGV[4])
     redis.call('zrem', KEYS[3], ARGV[4])
 end
