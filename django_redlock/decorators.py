@@ -207,7 +207,7 @@ def redlock(
     """
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
-    base.check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+    base.check_wait(blocking, timeout)
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         spec = Key(key, func)

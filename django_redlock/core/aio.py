@@ -528,6 +528,7 @@ class AsyncLockManager(ManagerBase):
         on_lost: Callable[[AsyncLock], Any] | None = None,
     ) -> AsyncLockContext:
         """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
+        base.check_wait(blocking, timeout)
         kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
         return AsyncLockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
 

@@ -106,6 +106,19 @@ def check_count(value: Any, argument: str, *, allow_none: bool = False) -> int |
     return value
 
 
+def check_wait(blocking: Any, timeout: Any) -> float | None:
+    """``timeout`` for an acquire: seconds to wait in line, which only a blocking call does."""
+    if not isinstance(blocking, bool):
+        raise ValueError(f"blocking must be True or False; got {blocking!r}.")
+    seconds = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+    if not blocking and seconds is not None:
+        raise ValueError(
+            f"timeout={timeout!r} cannot be used with blocking=False: a non-blocking acquire makes one "
+            "attempt and never waits. Pass blocking=True to wait up to the timeout, or drop the timeout."
+        )
+    return seconds
+
+
 def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
     if ttl is None:
         return default
@@ -503,7 +516,7 @@ class Attempts:
         self.config = config
         self.resource = check_resource(resource)
         self.ttl = config.lock_ttl(ttl, config.ttl)
-        self.timeout = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+        self.timeout = check_wait(blocking, timeout)
         self.blocking = blocking
         self.label = label if label is not None else config.label
         self.key, self.queue, self.places = config.line_keys(self.resource)

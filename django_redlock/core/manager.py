@@ -175,6 +175,7 @@ class LockManager(ManagerBase):
         stops after ``max_hold`` seconds, and if an extension fails on a
         quorum it sets ``lock.lost`` and calls ``on_lost(lock)``.
         """
+        base.check_wait(blocking, timeout)
         kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
         return LockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
 
