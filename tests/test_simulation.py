@@ -12,7 +12,7 @@ import pytest
 from tests.simulation.cases import CASES, run_case
 from tests.simulation.exhaustive import check_small_scope
 from tests.simulation.mutants import MUTANTS, hunt
-from tests.simulation.run import default_faults, simulate
+from tests.simulation.run import contend, default_faults, simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -28,11 +28,11 @@ def quiet():
 
 def test_random_faults_break_no_invariant():
     acquired = 0
-    for seed in range(30):
+    for seed in range(24):
         outcome = simulate(seed, faults=default_faults())
         assert outcome.violation is None, outcome.violation
         acquired += outcome.acquired
-    assert acquired > 300, "the clients must get locks, or the run proves nothing"
+    assert acquired > 240, "the clients must get locks, or the run proves nothing"
 
 
 def test_a_seed_replays_exactly():
@@ -50,7 +50,7 @@ def test_scripted_case_passes_on_the_real_core(name):
 
 
 # Mutants without a scripted case are hunted with random seeds from 0 (found at once).
-SEEDS_FOR = {"quorum N//2": 5, "drift ignored": 5}
+SEEDS_FOR = {"quorum N//2": 5, "drift ignored": 5, "acquire ignores the line": 5, "release wakes nobody": 3}
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
@@ -65,10 +65,22 @@ def test_every_known_bad_core_is_caught(name):
     assert outcome is not None, f"{ran} seeds did not catch mutant {name!r}"
 
 
+def test_waiters_are_granted_in_line_order_and_woken_at_once():
+    """No faults, four callers queueing for one lock: (f) fairness and (g) wake-up hold, and
+    the grants are spread evenly."""
+    for seed in range(3):
+        outcome = contend(seed)
+        assert outcome.violation is None, outcome.violation
+        grants = outcome.extra["grants"].values()
+        assert min(grants) >= 20 and max(grants) - min(grants) <= 6, outcome.extra["grants"]
+        delays = outcome.extra["wake_delays"]
+        assert len(delays) > 80 and max(delays) < 0.02, delays
+
+
 @pytest.mark.parametrize("fault", ["restart", "pause"])
 def test_every_small_schedule(fault):
-    schedules, _ = check_small_scope(fault, max_depth=8)
-    assert schedules == 960
+    schedules, _ = check_small_scope(fault, max_depth=7)
+    assert schedules == 480
 
 
 def test_nodes_that_deny_info_never_vote():

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE
+from django_redlock.core.base import ManagerConfig
+from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, INSPECT, RELEASE
 from tests.simulation import (
     Checker,
     Clock,
@@ -32,6 +33,17 @@ from tests.simulation import (
 
 DRIFT = 0.01  # the engine's default clock_drift_factor
 KEY = "redlock:lock:r"
+CONFIG = ManagerConfig()
+
+
+def release_args(value, place="", resource="r"):
+    """KEYS and ARGV of the engine's RELEASE script (after EVAL/EVALSHA and the source or sha)."""
+    return CONFIG.release_command(resource, value, place)[2:]
+
+
+def acquire_args(value, mode, place, ticket, ttl_ms=1000, life_ms=1500, resource="r"):
+    return (3, *CONFIG.line_keys(resource), value, ttl_ms, mode, place, ticket, life_ms,
+            CONFIG.wake_prefix(resource) + place)
 
 
 # -- a toy Redlock client (NOT the engine) -------------------------------------------
@@ -106,7 +118,7 @@ class ToyClient:
 
     def release(self, rnd, held):
         w = self.world
-        script = ("EVAL", RELEASE.source, 1, f"redlock:lock:{self.resource}", self.value)
+        script = ("EVAL", RELEASE.source, *release_args(self.value, resource=self.resource))
         for conn, node in zip(self.conns, self.nodes):
             if conn.state == "connecting" or (conn.state == "open" and not conn.dead):
                 conn.send([script])
@@ -312,15 +324,16 @@ def test_expiry_follows_the_node_clock():
 def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     w, n = make_node()
     n.execute(("SET", KEY, "v", "NX", "PX", 1000))
-    reply = n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "other"))
+    reply = n.execute(("EVALSHA", RELEASE.sha, *release_args("other")))
     assert isinstance(reply, NoScriptError) and str(reply).startswith("NOSCRIPT")
-    assert n.execute(("EVAL", RELEASE.source, 1, KEY, "other")) == 0
+    assert n.execute(("EVAL", RELEASE.source, *release_args("other"))) == 0
     assert isinstance(n.execute(("EVALSHA", EXTEND.sha, 1, KEY, "v", 5000)), NoScriptError)
     assert n.execute(("EVAL", EXTEND.source, 1, KEY, "v", 5000)) == 1
     assert n.execute(("PTTL", KEY)) == 5000
     assert n.execute(("EVAL", EXTEND.source, 1, KEY, "nope", 9000)) == 0
-    assert n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")) == 1
-    assert n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")) == 0
+    assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 1
+    assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 0
+    assert isinstance(n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")), ResponseError)  # 3 keys expected
     assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 5)) == 5
     assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 3)) == 5
     assert n.execute(("GET", "redlock:fence:r")) == b"5"
@@ -329,7 +342,94 @@ def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     assert isinstance(n.execute(("EVAL", "return 1", 0)), ResponseError)
     n.crash()
     n.start()
-    assert isinstance(n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")), NoScriptError)
+    assert isinstance(n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))), NoScriptError)
+
+
+def test_acquire_and_release_scripts_keep_a_waiting_line():
+    w, n = make_node()
+    ev = lambda script, *args: n.execute(("EVAL", script.source, *args))  # noqa: E731
+    queue, places = CONFIG.line_keys("r")[1:]
+    assert ev(ACQUIRE, *acquire_args("a", "join", "pa", 10)) == b"OK"  # first in line, lock free
+    assert ev(ACQUIRE, *acquire_args("b", "join", "pb", 20)) == 0  # held
+    assert ev(ACQUIRE, *acquire_args("c", "once", "pc", 5)) == 0
+    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pa", b"pb"]  # the place stays after a grant
+    assert 1 <= n.execute(("PTTL", queue)) <= 1500
+    assert ev(RELEASE, *release_args("a", "pa")) == 1  # leaves the line, wakes pb
+    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pb"]
+    wake = CONFIG.wake_prefix("r") + "pb"
+    assert n.execute(("LLEN", wake)) == 1 and n.execute(("PTTL", wake)) == 1500
+    assert ev(ACQUIRE, *acquire_args("c", "once", "pc", 5)) == -2  # free, but pb waits
+    assert ev(ACQUIRE, *acquire_args("c", "join", "pc", 30)) == -2
+    assert ev(ACQUIRE, *acquire_args("x", "wait", "px", 1)) == -1  # no place: it expired or left
+    assert ev(ACQUIRE, *acquire_args("b", "wait", "pb", 20)) == b"OK" and n.execute(("LLEN", wake)) == 0
+    assert ev(RELEASE, *release_args("nope", "")) == 0 and n.execute(("GET", KEY)) == b"b"
+    assert isinstance(n.execute(("GET", queue)), ResponseError)  # WRONGTYPE
+    # Places expire on the node's clock (TIME, ms) and are forgotten by the next script.
+    w.run_until(1.2)
+    assert ev(ACQUIRE, *acquire_args("d", "join", "pd", 40, life_ms=2000)) == -2  # lock expired; pb first
+    w.run_until(1.6)
+    assert n.in_line(queue, places, "pb") is False and n.in_line(queue, places, "pd") is True
+    assert n.execute(("ZCARD", queue)) == 3  # expired places linger until a script forgets them
+    assert ev(ACQUIRE, *acquire_args("d", "join", "pd", 40, life_ms=2000)) == b"OK"
+    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pd"]
+    n.crash()
+    n.start()
+    assert n.execute(("EXISTS", queue)) == 0  # lists and sorted sets are lost like keys
+
+
+def test_blpop_blocks_its_connection_until_a_push_or_its_timeout():
+    w, net, node, client = net_world(late_chance=0.0)
+    node.tick = 0.0  # exact timeouts here (the default notices them at the next 100 ms tick)
+    a, b = net.connect(client, node), net.connect(client, node)
+    got = []
+    a.on_reply = lambda r: got.append(("a", round(w.now, 3), r))
+    b.on_reply = lambda r: got.append(("b", round(w.now, 3), r))
+    w.run_until(0.01)
+    a.send([("PING", "before"), ("BLPOP", "wake", "0.5"), ("PING", "after")])
+    w.run_until(0.05)
+    a.send([("PING", "later")])
+    b.send([("BLPOP", "wake", "0.5")])  # second in line for the same list
+    w.run_until(0.1)
+    assert [r for who, _, r in got] == [b"before"]
+    node.execute(("RPUSH", "wake", "1"))  # served first come, first served; the rest runs after
+    w.run_until(0.2)
+    assert [(who, r) for who, _, r in got[1:]] == [("a", [b"wake", b"1"]), ("a", b"after"), ("a", b"later")]
+    w.run_until(1.0)
+    assert got[-1][0] == "b" and got[-1][2] is None and 0.55 <= got[-1][1] <= 0.56  # b timed out
+
+
+def test_blpop_timeouts_wait_for_the_server_tick_and_a_pause():
+    w, net, node, client = net_world(late_chance=0.0)
+    conn = net.connect(client, node)
+    got = []
+    conn.on_reply = lambda r: got.append((w.now, r))
+    w.run_until(0.01)
+    conn.send([("BLPOP", "wake", "0.2"), ("PING",)])
+    w.run_until(0.05)
+    node.pause()
+    w.run_until(1.0)
+    assert got == []  # SIGSTOP: the timeout waits too
+    node.resume()
+    w.run_until(1.1)
+    assert [r for _, r in got] == [None, b"PONG"] and got[0][0] >= 1.0
+    got.clear()
+    conn.send([("BLPOP", "wake", "0.2")])
+    w.run_until(2.0)
+    start = 1.1
+    assert 0.2 <= got[0][0] - start <= 0.2 + node.tick + 0.01  # noticed at the next tick at the latest
+
+
+def test_closing_a_blocked_connection_drops_what_waits_behind_the_blpop():
+    w, net, node, client = net_world(late_chance=0.0)
+    conn = net.connect(client, node)
+    w.run_until(0.01)
+    conn.send([("BLPOP", "wake", "0"), ("SET", KEY, "late", "PX", 1000)])
+    w.run_until(0.05)
+    conn.close()
+    w.run_until(0.1)
+    node.execute(("RPUSH", "wake", "1"))
+    w.run()
+    assert node.execute(("GET", KEY)) is None and node.execute(("LLEN", "wake")) == 1
 
 
 def test_info_config_and_denial():

@@ -25,13 +25,17 @@ Design
 Modelled
 --------
 Independent Redis masters with the commands and Lua scripts the engine uses
-(:mod:`.redis_model`): SET NX PX, GET, PTTL, PEXPIRE, DEL, PING, EVAL/EVALSHA
-with a per-boot script cache, INFO (uptime, run id; or denied), CONFIG GET for
-persistence, SCAN. Crashes that lose data unless fsync-always, restarts,
-SIGSTOP pauses that buffer input. TCP connections (:mod:`.network`) with
+(:mod:`.redis_model`): SET NX PX, GET, PTTL, PEXPIRE, DEL, PING, TIME, the
+sorted-set and list commands of the waiting line, BLPOP that blocks its
+connection until a push or its timeout (noticed at the next server tick),
+EVAL/EVALSHA with a per-boot script cache (ACQUIRE, RELEASE, EXTEND,
+FENCE_RAISE, INSPECT done in Python, as their Lua does), INFO (uptime, run id;
+or denied), CONFIG GET for persistence, SCAN. Crashes that lose data unless
+fsync-always, restarts, SIGSTOP pauses that buffer input and freeze timeouts. TCP connections (:mod:`.network`) with
 per-connection FIFO, random and late delays, connection resets where bytes
 already sent may still land, refused connections, silent peers after power
-loss, partitions that hold bytes, client GC pauses and client deaths.
+loss, partitions that hold bytes, client GC pauses and client deaths (a new
+process takes the dead one's place).
 :mod:`.faults` schedules random faults from the chooser; :func:`.scenario.build`
 puts a world together in one call.
 

@@ -17,7 +17,7 @@ from django_redlock.core.lock import LockBase
 from django_redlock.core.scripts import RELEASE
 from django_redlock.exceptions import LockError
 
-from .client import SimClient
+from .client import SimClient, vote_of
 from .invariants import Violation
 from .network import NetConfig
 from .scenario import Sim, build
@@ -166,36 +166,50 @@ def majority_paused_past_the_stale_limit(seed: int) -> Sim:
 
 
 def late_release_of_an_earlier_attempt(seed: int) -> Sim:
-    """Issue 10, item 3: attempt 1's release, held in the network, lands after attempt 2 won."""
-    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
-    a = SimClient(sim, "a", ttl=TTL, retry_count=1, retry_delay=0.3, retry_jitter=0.0)
-    b = SimClient(sim, "b", ttl=TTL)
+    """Issue 10, item 3: attempt 1's release, held in the network, lands after attempt 2 won.
+
+    The ttl (2 s) outlives the winner's place in line (its slice + PLACE_MARGIN = 1.5 s): once
+    the place is forgotten, only the lock key keeps B out.
+    """
+    ttl = 2.0
+    sim = build(seed, ttl=ttl, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=ttl, retry_count=1, retry_delay=1.0, retry_jitter=0.0)
+    b = SimClient(sim, "b", ttl=ttl)
     nodes, world = sim.nodes, sim.world
     key = "redlock:lock:r"
     first: list[str] = []
 
     def note_first_value(effect: Any) -> None:
-        if type(effect) is steps.Fan and effect.commands[0] and effect.commands[0][0] == "SET" and not first:
-            first.append(effect.commands[0][2])
+        vote = vote_of(effect)
+        if vote is not None and not first:
+            first.append(vote[6])
 
     def start() -> None:
         for node in nodes[:3]:
-            node.execute(("SET", key, "another holder", "PX", 200))  # attempt 1 loses on nodes 0-2
+            node.execute(("SET", key, "another holder", "PX", 2000))  # attempt 1 loses on nodes 0-2
         step = steps.acquire(a.config, a.quorum, a.names, "r", None, True, None, None)
         a.run(_Tap(step, note_first_value), a_done)
+        world.after(0.2, release_other_holder)
+
+    def release_other_holder() -> None:  # wakes a, first in line, on nodes 0-2
+        for node in nodes[:3]:
+            node.execute(("EVAL", RELEASE.source, *a.config.release_command("r", "another holder")[2:]))
 
     def a_done(result: Any, error: BaseException | None) -> None:
         assert error is None, f"attempt 2 must win: {error}"
         plan = result
-        lock = LockBase(a.manager, plan.resource, plan.holder, plan.ttl, plan.started)
+        lock = LockBase(a.manager, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
         sim.checker.acquired(a.proc, "r", lock.value, lock.validity, deadline_local=lock._deadline)
+        world.after(1.6, late_release)  # a's place has expired by then; its lock has not
+
+    def late_release() -> None:
         # Attempt 1's compare-and-delete, retransmitted from a connection given up long ago:
         for node in nodes[:3]:
-            node.execute(("EVAL", RELEASE.source, 1, key, first[0]))
+            node.execute(("EVAL", RELEASE.source, *a.config.release_command("r", first[0])[2:]))
         world.after(0.01, _acquire, b, "r", lambda lock: None)
 
-    world.at(START, start)
-    world.run_until(START + 3)
+    world.at(ttl * 2 + 0.1, start)
+    world.run_until(ttl * 2 + 4)
     return sim
 
 
@@ -215,7 +229,7 @@ def _still_there(sim: Sim, key: str, value: str, what: str) -> None:
 
 
 def cancelled_acquire(seed: int) -> Sim:
-    """Issue 10, item 5: the caller is cancelled while the SET round is out; what was set is released."""
+    """Issue 10, item 5: the caller is cancelled while the vote is out; what was set is released."""
     import asyncio
 
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
@@ -225,7 +239,7 @@ def cancelled_acquire(seed: int) -> Sim:
 
     def start() -> None:
         step = steps.acquire(a.config, a.quorum, a.names, "r", None, False, None, None)
-        tap = _Tap(step, lambda e: values.append(e.commands[0][2]) if type(e) is steps.Fan and e.commands[0][0] == "SET" else None)
+        tap = _Tap(step, lambda e: values.append(vote[6]) if (vote := vote_of(e)) is not None else None)
         a.cancelled[id(tap)] = asyncio.CancelledError()  # cancelled while it awaits the SET round
         a.run(tap, lambda result, error: world.after(0.1, check, error))
 
@@ -263,6 +277,44 @@ def late_noscript_for_a_release(seed: int) -> Sim:
     return sim
 
 
+def waiter_woken_over_a_slow_network(seed: int) -> Sim:
+    """B waits in line while A holds; A releases; B's vote runs when its wake-up lands, ~40 ms before
+    B reads it: B's validity must count from before the wait was written, not from the wake-up."""
+    sim = build(seed, ttl=TTL, net=NetConfig(min_delay=0.04, max_delay=0.045, late_chance=0.0), share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, node_timeout=0.2)
+    b = SimClient(sim, "b", ttl=TTL, node_timeout=0.2)
+    world = sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        _acquire(b, "r", lambda lock: lock and _release(b, lock), blocking=True, timeout=3.0)
+        world.after(0.4, _release, a, lock)  # b is blocked in BLPOP on every node by then
+
+    world.at(START, _acquire, a, "r", a_acquired)
+    world.run_until(START + 3)
+    return sim
+
+
+def release_after_the_lock_expired(seed: int) -> Sim:
+    """A's lock expires; B takes it without waiting (no place in line); C waits in line; A's late
+    release must neither delete B's key nor wake C."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a, b, c = (SimClient(sim, name, ttl=TTL) for name in "abc")
+    world = sim.world
+    held: list[LockBase] = []
+
+    def b_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "b must get the expired lock"
+        _acquire(c, "r", lambda lock: lock and _release(c, lock), blocking=True, timeout=3.0)
+        world.after(0.15, _release, a, held[0])  # late: a's validity ended a while ago
+        world.after(0.6, _release, b, lock)
+
+    world.at(START, _acquire, a, "r", held.append)
+    world.at(START + TTL + 0.1, _acquire, b, "r", b_acquired)
+    world.run_until(START + 4)
+    return sim
+
+
 #: case name -> (function, the mutants it is built to catch)
 CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
@@ -272,10 +324,15 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     ),
     "restarted node whose first reply is late": (restarted_node_whose_first_reply_is_late, ("restart rule off",)),
     "majority paused past the stale limit": (majority_paused_past_the_stale_limit, ()),
-    "late release of an earlier attempt": (late_release_of_an_earlier_attempt, ("one value for every retry",)),
+    "late release of an earlier attempt": (
+        late_release_of_an_earlier_attempt,
+        ("one value for every retry", "release without comparing the value"),
+    ),
     "replies that take long": (replies_that_take_long, ("validity from after the fan-out",)),
     "cancelled acquire": (cancelled_acquire, ()),
     "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
+    "waiter woken over a slow network": (waiter_woken_over_a_slow_network, ("wait vote's validity from the wake-up",)),
+    "release after the lock expired": (release_after_the_lock_expired, ("release without comparing the value",)),
 }
 
 

@@ -21,14 +21,18 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import asyncio
+
 from django_redlock.core import base, steps
 from django_redlock.core.base import ManagerConfig
 from django_redlock.core.extender import Watch, next_action, next_due, note_extend_error
 from django_redlock.core.lock import LockBase
 from django_redlock.core.records import Holder
 from django_redlock.core.rounds import IDLE, NEW, PARKED, ConnState, Failure, NodeBooks, Round
+from django_redlock.core.scripts import ACQUIRE
 from django_redlock.exceptions import LockError, LockNotAcquired
 
+from .invariants import Call
 from .network import ConnectionBroken, SimConnection
 from .scenario import Sim
 
@@ -99,6 +103,9 @@ class SimClient:
         self.cancelled: dict[int, BaseException] = {}
         self.acquired = 0
         self.failed = 0
+        #: acquire() calls under way, and the locks held (value -> (lock, its call)): what dies with the process.
+        self.calls: set[_Watch] = set()
+        self.holding: dict[str, tuple[LockBase, Call]] = {}
 
     @property
     def quorum(self) -> int:
@@ -131,7 +138,7 @@ class SimClient:
                 # Wall clocks are set (NTP), not free-running: true time plus this host's error.
                 value = int((self.world.now + self.wall_offset) * 1_000_000)
             elif kind is steps.Sleep:
-                self.proc.after_local(effect.seconds, self._advance, step, done, None, None)
+                self.proc.after_local(effect.seconds, self._woke, step, done)
                 return
             elif kind is steps.Background:
                 self.fan(effect.fan, lambda results: None)
@@ -140,6 +147,9 @@ class SimClient:
                 return
             else:
                 raise TypeError(f"unknown step effect {effect!r}")
+
+    def _woke(self, step: steps.Step, done: Callable[..., None]) -> None:
+        self._advance(step, done, None, self.cancelled.pop(id(step), None))
 
     # -- one round -------------------------------------------------------------------------
 
@@ -197,35 +207,69 @@ class SimClient:
     fencing = True
 
     def acquire(self, resource: str, then: Callable[[LockBase | None, BaseException | None], None], *,
-                blocking: bool, timeout: float | None) -> None:
-        """Acquire through the engine's step; report the lock and every given-up attempt to the checker."""
-        values: list[str] = []
+                blocking: bool, timeout: float | None, cancel_after: float | None = None) -> None:
+        """Acquire through the engine's step; report the lock, every given-up attempt and the call's
+        place in line to the checker. ``cancel_after`` (local seconds): the caller cancels the call
+        then (delivered when its current round or sleep ends, as a CancelledError)."""
         checker = self.sim.checker
+        watch: _Watch
 
         def done(result: Any, error: BaseException | None) -> None:
+            self.calls.discard(watch)
+            values = watch.values
             for value in values[:-1] if error is None else values:
                 checker.gave_up(self.proc, resource, value, self.config.ttl)
+            self.cancelled.pop(id(watch), None)
             if error is not None:
+                checker.left_line(watch.call)
                 self.failed += 1
                 self.last_error = error
-                if not isinstance(error, LockNotAcquired):
+                if not isinstance(error, (LockNotAcquired, asyncio.CancelledError)):
                     raise error
                 then(None, error)
                 return
             plan = result
-            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, plan.started)
+            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
             self.acquired += 1
-            checker.acquired(self.proc, resource, lock.value, lock.validity, deadline_local=lock._deadline)
+            self.holding[lock.value] = (lock, watch.call)
+            checker.acquired(self.proc, resource, lock.value, lock.validity, deadline_local=lock._deadline,
+                             call=watch.call)
             then(lock, None)
 
         step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
-        self.run(_Watch(step, values), done)
+        watch = _Watch(step, checker.call(self.proc, resource), checker)
+        self.calls.add(watch)
+        if cancel_after is not None:
+            self.proc.after_local(cancel_after, self._cancel, watch)
+        self.run(watch, done)
+
+    def _cancel(self, watch: _Watch) -> None:
+        if watch in self.calls:
+            self.cancelled[id(watch)] = asyncio.CancelledError()
 
     def release(self, lock: LockBase, then: Callable[[], None] = lambda: None) -> None:
-        """The caller is done: report it, then release on every node."""
-        self.sim.checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
+        """The caller is done: report it, then release on every node (and leave the line)."""
+        checker = self.sim.checker
+        checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
+        _, call = self.holding.pop(lock.value, (None, None))
+        if call is not None:
+            checker.left_line(call)
         lock.released = True
-        self.fan(steps.release_fan(self.config, self.total, lock.key, lock.value, lock.ttl), lambda _: then())
+        fan = steps.release_fan(self.config, self.total, lock.resource, lock.value, lock.ttl, lock._place)
+        self.fan(fan, lambda _: then())
+
+    def die(self) -> None:
+        """The process is killed: what it held or was acquiring is given up (the checker's view)."""
+        checker = self.sim.checker
+        for watch in sorted(self.calls, key=lambda w: w.call.seq):
+            for value in watch.values:
+                checker.gave_up(self.proc, watch.call.resource, value, self.config.ttl)
+            checker.left_line(watch.call)
+        for lock, call in self.holding.values():
+            checker.gave_up(self.proc, lock.resource, lock.value, self.config.ttl)
+            checker.left_line(call)
+        self.calls.clear()
+        self.holding.clear()
 
     def session(self, resources: list[str], until: float) -> None:
         """Loop until true time ``until``: acquire, maybe fence and extend, hold, release."""
@@ -234,7 +278,9 @@ class SimClient:
         world = self.world
         resource = world.choose(resources, "resource")
         blocking = world.chance(0.5, "blocking")
-        timeout = world.choose([None, 0.05, 0.3], "timeout") if blocking else None
+        # Blocking calls wait in line (None: retry_count * retry_delay); some callers cancel theirs.
+        timeout = world.choose([None, 0.05, 0.3, 1.0, 2.5], "timeout") if blocking else None
+        cancel = world.uniform(0.0, 1.0, "cancel after") if blocking and world.chance(0.1, "cancel") else None
 
         def acquired(lock: LockBase | None, error: BaseException | None) -> None:
             if lock is None:
@@ -242,7 +288,27 @@ class SimClient:
             else:
                 self._hold(lock, resources, until, self.fencing)
 
-        self.acquire(resource, acquired, blocking=blocking, timeout=timeout)
+        self.acquire(resource, acquired, blocking=blocking, timeout=timeout, cancel_after=cancel)
+
+    def contend(self, resource: str, until: float, *, hold: float = 0.05, timeout: float = 5.0,
+                once: float = 0.2) -> None:
+        """Loop until true time ``until``: a blocking acquire (or, by chance ``once``, a non-blocking one)
+        of ``resource``, a short hold, a release: callers queueing up for one lock."""
+        world = self.world
+        if world.now >= until or not self.proc.alive:
+            return
+
+        def again() -> None:
+            self.proc.after_local(world.uniform(0.0, 0.02, "think"),
+                                  lambda: self.contend(resource, until, hold=hold, timeout=timeout, once=once))
+
+        def acquired(lock: LockBase | None, error: BaseException | None) -> None:
+            if lock is None:
+                return again()
+            self.proc.after_local(world.uniform(0.0, hold, "hold"), self.release, lock, again)
+
+        blocking = not world.chance(once, "non-blocking")
+        self.acquire(resource, acquired, blocking=blocking, timeout=timeout if blocking else None)
 
     def _hold(self, lock: LockBase, resources: list[str], until: float, fencing: bool) -> None:
         world = self.world
@@ -324,21 +390,38 @@ class SimClient:
         schedule()
 
 
-class _Watch:
-    """Wrap an acquire step to note every attempt's value (from its SET commands)."""
+def vote_of(effect: Any) -> tuple[Any, ...] | None:
+    """The ACQUIRE command of an acquire step's vote (EVALSHA sha 3 lock queue places value ttl mode place
+    ticket life wake), or None for any other effect."""
+    if type(effect) is steps.Fan and effect.script is ACQUIRE:
+        return next((c for c in effect.commands if c is not None), None)
+    return None
 
-    def __init__(self, step: steps.Step, values: list[str]) -> None:
+
+class _Watch:
+    """Wrap an acquire step to note every attempt's value and the call's place in line (from its votes)."""
+
+    def __init__(self, step: steps.Step, call: Call, checker: Any) -> None:
         self.step = step
-        self.values = values
+        self.call = call
+        self.checker = checker
+        self.values: list[str] = []
+        self.voting = False
 
     def _see(self, effect: Any) -> Any:
-        if type(effect) is steps.Fan and effect.commands and effect.commands[0] and effect.commands[0][0] == "SET":
-            value = effect.commands[0][2]
+        vote = vote_of(effect)
+        if vote is not None:
+            value, mode, place, ticket, life = vote[6], vote[8], vote[9], vote[10], vote[11]
             if not self.values or self.values[-1] != value:
                 self.values.append(value)
+            self.checker.voted(self.call, mode, place, ticket, life)
+            self.voting = True
         return effect
 
     def send(self, value: Any) -> Any:
+        if self.voting:
+            self.voting = False
+            self.checker.vote_answered(self.call)
         return self._see(self.step.send(value))
 
     def throw(self, error: BaseException) -> Any:

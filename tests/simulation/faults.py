@@ -1,7 +1,9 @@
 """A nemesis: random faults from the chooser, all healed by a given time.
 
 Faults: node crash + restart, node pause (SIGSTOP), partition of a node from
-some clients, a connection reset, a client GC pause. At ``until`` every fault
+some clients, a connection reset, a client GC pause, and (kind
+``"kill_client"``, when a ``respawn`` callback is set) a client process killed
+and replaced by a new one. At ``until`` every fault
 heals (paused nodes resume, partitions heal, frozen clients thaw, crashed
 nodes start once their minimum downtime is over) and, if a checker is given,
 progress is required within ``progress_within`` true seconds after that.
@@ -10,7 +12,7 @@ progress is required within ``progress_within`` true seconds after that.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .invariants import Checker
 from .network import Network
@@ -55,6 +57,8 @@ class Nemesis:
         self.checker = checker
         self.until = 0.0
         self.injected = 0
+        #: Kills a client process and returns the process that replaces it ("kill_client" faults).
+        self.respawn: Callable[[Process], Process] | None = None
         self._faulty: dict[str, float] = {}  # node name -> true time its fault ends
         self._down_since: dict[str, float] = {}
         limit = self.config.max_faulty_nodes
@@ -104,6 +108,12 @@ class Nemesis:
             if live:
                 self.injected += 1
                 self.network.drop(world.choose(live, "dropped connection"))
+        elif kind == "kill_client" and self.respawn is not None:
+            alive = [c for c in self.clients if c.alive]
+            if alive:
+                self.injected += 1
+                victim = world.choose(alive, "killed client")
+                self.clients.append(self.respawn(victim))
         elif kind == "pause_client":
             awake = [c for c in self.clients if c.alive and not c.frozen]
             if awake:

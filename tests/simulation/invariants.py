@@ -18,7 +18,20 @@ so it judges each report against the world's real state:
     fault or late delivery happened for one ttl (+ drift + slack), no node
     stores that value;
 (e) progress: after :meth:`Checker.expect_progress`, some lock is acquired
-    within the given bound.
+    within the given bound;
+(h) nothing left in line: once an acquire() call ended (gave up, was
+    cancelled, its lock was released, or its process died), and no fault or
+    late delivery happened for its place's lifetime (its wait slice +
+    ``PLACE_MARGIN``) plus one more slice and server tick (a vote written
+    behind a BLPOP runs that much after its bytes land) (+ drift and slack),
+    its place is in no node's waiting line.
+
+With ``fair=True`` (runs without faults), two more:
+
+(f) fairness: a call is never granted while an earlier call (lower ticket)
+    that was already in line on every node before it started still waits;
+(g) wake-up: after a release, while someone waits in line, some call on that
+    resource is granted within ``wake_within`` true seconds.
 
 A broken promise raises :class:`Violation` with the seed and the trace tail.
 """
@@ -29,10 +42,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from django_redlock.core.base import PLACE_MARGIN
+
 from .redis_model import SimNode
 from .world import Exhaustive, Process, World
 
-__all__ = ["Checker", "Holding", "Violation"]
+__all__ = ["Call", "Checker", "Holding", "Violation"]
 
 EPS = 1e-9
 
@@ -58,6 +73,31 @@ class Holding:
     @property
     def end(self) -> float:
         return min(self.ended, self.valid_until)
+
+
+@dataclass(eq=False)
+class Call:
+    """One acquire() call, as its votes show it: its ticket and, for a blocking call, its place in line."""
+
+    seq: int
+    client: str
+    resource: str
+    started: float  # true time of the call
+    ticket: int | None = None
+    place: bytes = b""
+    in_line: bool = False  # it took a place (voted "join" or "wait")
+    life: int = 0  # the longest place lifetime its votes asked for (ms)
+    joined: float = math.inf  # true time its place was first seen on every node
+    granted: float = math.inf
+    ended: float = math.inf
+
+    @property
+    def order(self) -> tuple[int, bytes]:
+        return (self.ticket if self.ticket is not None else 0, self.place)
+
+    @property
+    def waiting(self) -> bool:
+        return self.granted == math.inf and self.ended == math.inf
 
 
 @dataclass
@@ -87,7 +127,13 @@ class Checker:
     ttl: float
     quorum: int | None = None
     key_of: Callable[[str], str] = field(default=lambda resource: f"redlock:lock:{resource}")
+    #: resource -> the keys of its waiting line (order, places) on the nodes.
+    line_of: Callable[[str], tuple[str, str]] = field(
+        default=lambda resource: (f"redlock:queue:{resource}", f"redlock:places:{resource}"))
     slack: float = 0.05
+    #: Check (f) fairness and (g) wake-up: only for runs without faults.
+    fair: bool = False
+    wake_within: float = 0.1
     trace_tail: int = 60
     holdings: dict[str, list[Holding]] = field(default_factory=dict)
     by_value: dict[bytes, Holding] = field(default_factory=dict)
@@ -95,19 +141,32 @@ class Checker:
     last_acquired_at: float = -math.inf
     #: How many (d) checks concluded (a value was looked for on every node).
     leftover_checks: int = 0
+    #: How many (h) checks concluded, and how many calls took a place in line.
+    line_checks: int = 0
+    calls: int = 0
+    #: Per resource: calls under way (for (f) and (g)), and the grants in order (for fairness statistics).
+    active: dict[str, list[Call]] = field(default_factory=dict)
+    grants: dict[str, list[Call]] = field(default_factory=dict)
+    #: (g): true seconds from each release (with someone in line) to the next grant on that resource.
+    wake_delays: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.quorum is None:
             self.quorum = len(self.nodes) // 2 + 1
         self._gone_pending = 0
+        self._last_grant: dict[str, float] = {}
 
     # -- reports from the client driver -------------------------------------------------
 
     def acquired(self, client: Process, resource: str, value: Any, validity: float,
-                 fencing_token: int | None = None, deadline_local: float | None = None) -> Holding:
+                 fencing_token: int | None = None, deadline_local: float | None = None,
+                 call: Call | None = None) -> Holding:
         """The client returned a lock with ``validity`` local seconds left (or a local deadline)."""
         world = self.world
         now = world.now
+        self._last_grant[resource] = now
+        if call is not None:
+            self._granted(call, now)
         until = client.clock.to_true(deadline_local) if deadline_local is not None \
             else now + client.clock.true_duration(validity)
         v = _b(value)
@@ -160,6 +219,8 @@ class Checker:
     def released(self, client: Process, resource: str, value: Any, ttl: float | None = None) -> None:
         """The client's release returned (its lock ends now, whatever the nodes said)."""
         self._ended(client, resource, value, ttl, "RELEASED")
+        if self.fair:
+            self._expect_wake(resource)
 
     def gave_up(self, client: Process, resource: str, value: Any, ttl: float | None = None) -> None:
         """The client abandoned ``value`` (a failed attempt, or a lock it lost)."""
@@ -178,6 +239,113 @@ class Checker:
     def pending(self) -> int:
         """How many given-up values still await their leftover check (d)."""
         return self._gone_pending
+
+    # -- the waiting line -------------------------------------------------------------------
+
+    def call(self, client: Process, resource: str) -> Call:
+        """An acquire() call begins."""
+        self.calls += 1
+        call = Call(self.calls, client.name, resource, self.world.now)
+        self.active.setdefault(resource, []).append(call)
+        return call
+
+    def voted(self, call: Call, mode: Any, place: Any, ticket: Any, life: Any) -> None:
+        """The call writes a vote (mode "once", "join" or "wait"; ``life``: its place's lifetime, ms)."""
+        call.ticket = int(ticket)
+        call.place = _b(place)
+        if _b(mode) != b"once":
+            call.in_line = True
+            call.life = max(call.life, int(life))
+
+    def vote_answered(self, call: Call) -> None:
+        """A vote of the call came back: under ``fair``, find when its place is on every node."""
+        if self.fair and call.in_line and call.joined == math.inf:
+            self._poll_joined(call)
+
+    def _poll_joined(self, call: Call) -> None:
+        if not call.waiting or call.joined < math.inf:
+            return
+        queue, places = self.line_of(call.resource)
+        if all(node.in_line(queue, places, call.place) for node in self.nodes):
+            call.joined = self.world.now
+        else:
+            self.world.after(0.002, self._poll_joined, call)
+
+    def left_line(self, call: Call) -> None:
+        """The call is over (gave up, cancelled, died, or its lock was released): its place must go."""
+        if call.ended < math.inf:
+            return
+        call.ended = self.world.now
+        held = self.active.get(call.resource, [])
+        if call in held:
+            held.remove(call)
+        if call.in_line:
+            # A place lives ``life`` (its wait slice + PLACE_MARGIN) after the vote that refreshed it
+            # last. That vote ran before the call ended, or, written behind a BLPOP, at most one
+            # slice (+ the server tick that notices a BLPOP timeout) after its bytes landed.
+            min_rate = min(n.clock.rate for n in self.nodes)
+            life = call.life / 1000.0
+            wait = max(0.0, life - PLACE_MARGIN) + max(n.tick for n in self.nodes)
+            bound = (life + wait) / min_rate + self.slack
+            self._gone_pending += 1
+            self.world.after(bound, self._check_left, call, call.ended, bound)
+
+    def _check_left(self, call: Call, since: float, bound: float) -> None:
+        world = self.world
+        if world.faults:
+            world.after(bound / 4, self._check_left, call, since, bound)
+            return
+        since = max(since, world.disturbed_since(call.client))
+        if world.now < since + bound - EPS:
+            world.at(since + bound, self._check_left, call, since, bound)
+            return
+        self._gone_pending -= 1
+        self.line_checks += 1
+        queue, places = self.line_of(call.resource)
+        left = [n.name for n in self.nodes if n.up and n.in_line(queue, places, call.place)]
+        if left:
+            self._fail(
+                f"(h) left in line: the place {call.place[:12]!r}.. of {call.client}'s call on "
+                f"{call.resource!r}, over at t<={since:.6f}, is still in line on {', '.join(left)} at t={world.now:.6f}"
+            )
+
+    def _granted(self, call: Call, now: float) -> None:
+        call.granted = now
+        self.grants.setdefault(call.resource, []).append(call)
+        if len(self.grants[call.resource]) > 10_000:
+            del self.grants[call.resource][:5_000]
+        held = self.active.get(call.resource, [])
+        if call in held:
+            held.remove(call)
+        if not self.fair:
+            return
+        for other in held:
+            if other.waiting and other.joined < call.started and other.order < call.order:
+                self._fail(
+                    f"(f) fairness: {call.client}'s call (ticket {call.ticket}, started t={call.started:.6f}) "
+                    f"was granted {call.resource!r} while {other.client}'s call (ticket {other.ticket}) "
+                    f"waits in line on every node since t={other.joined:.6f}"
+                )
+
+    def _expect_wake(self, resource: str) -> None:
+        now = self.world.now
+        waiting = [c for c in self.active.get(resource, []) if c.waiting and c.joined <= now]
+        if not waiting:
+            return
+
+        def check() -> None:
+            first = min((c.granted for c in self.grants.get(resource, ())[-64:] if c.granted > now), default=None)
+            if first is not None:
+                self.wake_delays.append(first - now)
+                return
+            if any(c.waiting for c in waiting):
+                stuck = next(c for c in waiting if c.waiting)
+                self._fail(
+                    f"(g) wake-up: {resource!r} was released at t={now:.6f} while {stuck.client} waited in line "
+                    f"(ticket {stuck.ticket}); nobody was granted it within {self.wake_within:.3f}s"
+                )
+
+        self.world.after(self.wake_within, check)
 
     # -- checks ---------------------------------------------------------------------------
 

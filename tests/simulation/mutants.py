@@ -2,7 +2,9 @@
 
 Each mutant is a context manager that patches one decision of the real core
 (:mod:`django_redlock.core.base`, ``ledger``, ``rounds``, ``steps``) and undoes
-it on exit. :func:`hunt` runs seeds until the checker reports a violation.
+it on exit. The core's Lua scripts run on the nodes, so a wrong script is a
+patch of the node model's method for it (:class:`.redis_model.SimNode`).
+:func:`hunt` runs seeds until the checker reports a violation.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, ledger
+from django_redlock.core import base, ledger, rounds
 
 from .network import NetConfig
-from .run import Outcome, default_faults, simulate
+from .redis_model import SimNode
+from .run import Outcome, contend, default_faults, simulate
 
 __all__ = ["MUTANTS", "hunt"]
 
@@ -76,6 +79,75 @@ def validity_from_after_the_fanout() -> Any:
     return _patch(base.Attempts, "won", won)
 
 
+@contextmanager
+def wait_validity_from_the_wake_up() -> Iterator[None]:
+    """A vote that waited in line counts its validity from the wake-up (the last BLPOP reply read
+    before the outcome was known), not from before the BLPOP and the vote were written."""
+    woken: dict[str, float] = {}
+    real_prepare, real_read, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.read, base.Attempts.won
+
+    def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
+        extra = real_prepare(self, conn, mine, window, now, block)
+        if block is not None:
+            conn.expect[-2].key = block[0]  # the WAKE entry, right before the vote: remember its list
+        return extra
+
+    def read(self: Any, conn: Any, reply: Any, now: float) -> Any:
+        if conn.expect and conn.expect[0].kind == ledger.WAKE and conn.expect[0].key is not None:
+            woken[conn.expect[0].key] = now
+        return real_read(self, conn, reply, now)
+
+    def won(self: Any, results: Any, started: float, quorum: int, now: float) -> bool:
+        wake = woken.pop(self.wake, None)
+        if self.mode == "wait" and wake is not None:
+            started = max(started, wake)
+        return real_won(self, results, started, quorum, now)
+
+    with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "read", read), \
+            _patch(base.Attempts, "won", won):
+        yield
+
+
+def release_without_compare() -> Any:
+    """RELEASE deletes the lock key whoever holds it (no value comparison), then wakes the next."""
+
+    def release(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
+        released = self._del([keys[0]])
+        self._leave_and_wake(keys, argv[1], argv[2], argv[3])
+        return released
+
+    return _patch(SimNode, "_release", release)
+
+
+def acquire_ignores_the_line() -> Any:
+    """ACQUIRE grants a free lock to anyone, not only to the first in line (unfair, not unsafe)."""
+    real = SimNode._acquire
+
+    def acquire(self: Any, keys: list[bytes], argv: list[bytes]) -> Any:
+        reply = real(self, keys, argv)
+        if reply == -2:  # NOT_FIRST: grant it anyway
+            self._set([keys[0], argv[0], "PX", argv[1]])
+            return b"OK"
+        return reply
+
+    return _patch(SimNode, "_acquire", acquire)
+
+
+def release_wakes_nobody() -> Any:
+    """RELEASE leaves the line but pushes no wake-up: waiters only notice at the end of their slice."""
+
+    def release(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
+        released = 0
+        if self._get([keys[0]]) == argv[0]:
+            released = self._del([keys[0]])
+        if argv[1] != b"":
+            self._zrem([keys[1], argv[1]])
+            self._zrem([keys[2], argv[1]])
+        return released
+
+    return _patch(SimNode, "_release", release)
+
+
 def fence_below_quorum() -> Any:
     """A fencing token accepted once a single node stores it."""
     real = base.check_fence_written
@@ -104,18 +176,32 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
         fence_below_quorum,
         {"net": NetConfig(late_chance=0.12, late_max=0.3), "resources": ("r0",), "clients": 4, "wall_skew": 0.45},
     ),
+    # Replies take tens of milliseconds: the wake-up is read one trip after the vote ran.
+    "wait vote's validity from the wake-up": (
+        wait_validity_from_the_wake_up,
+        {"net": NetConfig(min_delay=0.01, max_delay=0.045), "node_timeout": 0.2},
+    ),
+    "release without comparing the value": (release_without_compare, {}),
+    # Not safety: the contention run (no faults) checks fairness (f) and wake-ups (g).
+    "acquire ignores the line": (acquire_ignores_the_line, {"scenario": contend, "once": 0.5}),
+    "release wakes nobody": (release_wakes_nobody, {"scenario": contend}),
 }
 
 
 def hunt(name: str, *, seeds: int = 200, budget: float = 30.0, first: int = 0) -> tuple[Outcome | None, float, int]:
     """Run seeds under mutant ``name`` until a violation; returns (outcome, seconds, seeds run)."""
     mutant, options = MUTANTS[name]
+    options = dict(options)
+    scenario = options.pop("scenario", None)
     started = time.monotonic()
     ran = 0
     with mutant():
         for seed in range(first, first + seeds):
             ran += 1
-            outcome = simulate(seed, faults=default_faults(), **options)
+            if scenario is not None:
+                outcome = scenario(seed, **options)
+            else:
+                outcome = simulate(seed, faults=default_faults(), **options)
             if outcome.violation:
                 return outcome, time.monotonic() - started, ran
             if time.monotonic() - started > budget:

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .redis_model import SimNode
+from .redis_model import Session, SimNode
 from .world import Process, World
 
 __all__ = ["ConnectionBroken", "NetConfig", "Network", "SimConnection"]
@@ -104,8 +104,9 @@ class SimConnection:
         self.state = "connecting"
         #: The transport is gone (reset or silent); bytes sent now vanish.
         self.dead = False
-        #: The node holds its end open.
+        #: The node holds its end open (its session: what it runs, whether a BLPOP blocks it).
         self.server_open = False
+        self.session: Session | None = None
         self.up = _Pipe(self, True, None)
         self.down = _Pipe(self, False, client)
         self.sent = 0
@@ -343,22 +344,26 @@ class Network:
                 conn.dead = True
                 return
             conn.server_open = True
+            conn.session = node.open_session(conn.name, lambda replies: self._replies(conn, replies))
             self._enqueue(conn.down, SYNACK, None)
             return
         if not conn.server_open or not node.up:
             return  # the node's end is gone: the bytes vanish
         if msg.kind == FIN:
-            conn.server_open = False
+            self._server_close(conn)
             world.note(node.name, "<-", conn.name, "FIN")
             return
-        execute = node.execute
-        replies = []
-        for command in msg.payload:
-            reply = execute(command)
-            replies.append(reply)
-            world.note(node.name, "<-", conn.name, tuple(command), "->", reply)
-        if conn.state != "closed" and not conn.dead:
+        assert conn.session is not None
+        node.serve(conn.session, msg.payload)
+
+    def _replies(self, conn: SimConnection, replies: list[Any]) -> None:
+        if conn.server_open and conn.state != "closed" and not conn.dead:
             self._enqueue(conn.down, DATA, replies)
+
+    def _server_close(self, conn: SimConnection) -> None:
+        conn.server_open = False
+        if conn.session is not None:
+            conn.node.close_session(conn.session)
 
     def _at_client(self, conn: SimConnection, msg: _Message) -> None:
         if conn.state in ("closed", "broken"):
@@ -395,7 +400,7 @@ class Network:
             up.queue.append(_Message(now, FIN, None, False))
             up.queue[-1].buffered = True
         else:
-            conn.server_open = False
+            self._server_close(conn)
         up.token += 1  # cancel the pending pump
         up.scheduled = False
         up.stalled = False
@@ -415,7 +420,7 @@ class Network:
         for conn in self.connections_of(node):
             if conn.dead:
                 continue
-            conn.server_open = False
+            conn.server_open = False  # the node's sessions died with it
             if self.world.chance(self.config.silent_crash_chance, "crash is silent"):
                 # Power loss: nothing tells the client; its own timeout must notice.
                 conn.dead = True

@@ -7,33 +7,53 @@ strings, ``int``, ``None`` for nil, ``list`` for arrays, and error replies as
 exception *instances* (``ResponseError``, ``NoScriptError``) that are returned,
 not raised.
 
-Expiry is lazy and measured on the node's own drifting clock. Faults:
-:meth:`SimNode.crash` (connections reset; data lost unless ``fsync_always``),
-:meth:`SimNode.start` (new run id, uptime from 0, empty script cache),
-:meth:`SimNode.pause` / :meth:`SimNode.resume` (SIGSTOP: input waits in the
-buffers and is processed in arrival order on resume).
+Values are strings (``bytes``), sorted sets (``dict`` member -> score) or
+lists (``deque``); only the commands the engine's scripts and the tests need
+exist for the latter two. Expiry is lazy and measured on the node's own
+drifting clock; so is ``TIME`` inside the scripts (milliseconds).
+
+Connections are :class:`Session` objects (the network opens one per accepted
+connection and feeds it with :meth:`SimNode.serve`). ``BLPOP`` on an empty list
+blocks its session: the commands written behind it wait, in order, until a push
+to that list serves it (blocked sessions are served first come, first served
+per key, once the pushing command or script is over) or its timeout passes on
+the node's clock. Like Redis, a timeout is noticed at the next server tick
+(``hz`` 10: up to 100 ms late) or as soon as the node handles other input,
+whichever comes first. A session closed while blocked drops what was queued
+behind the ``BLPOP`` (Redis frees the client with its query buffer).
+
+Faults: :meth:`SimNode.crash` (connections reset; data, lists and sorted sets
+lost unless ``fsync_always``), :meth:`SimNode.start` (new run id, uptime from 0,
+empty script cache), :meth:`SimNode.pause` / :meth:`SimNode.resume` (SIGSTOP:
+input waits in the buffers and is processed in arrival order on resume; blocked
+sessions' timeouts fire only once it runs again).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE
+from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, INSPECT, RELEASE
 
 from .clock import Clock
 
 if TYPE_CHECKING:
     from .world import World
 
-__all__ = ["SimNode", "parse_commands", "glob_to_regex"]
+__all__ = ["Session", "SimNode", "parse_commands", "glob_to_regex"]
 
 NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 NOPERM_INFO = "NOPERM User lock has no permissions to run the 'info' command"
 NOPERM_CONFIG = "NOPERM User lock has no permissions to run the 'config|get' command"
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+#: Redis' default ``hz``: blocked clients' timeouts are checked at least this often.
+SERVER_TICK = 0.1
 
 
 def _b(value: Any) -> bytes:
@@ -121,6 +141,30 @@ def parse_commands(data: bytes) -> list[tuple[bytes, ...]]:
     return out
 
 
+class Session:
+    """The node's side of one client connection: what it still has to run, and whether it is blocked."""
+
+    __slots__ = ("node", "name", "reply", "backlog", "blocked", "deadline", "closed", "woken")
+
+    def __init__(self, node: SimNode, name: str, reply: Callable[[list[Any]], None]) -> None:
+        self.node = node
+        self.name = name
+        #: Sends a batch of replies to the client (in order, on this connection).
+        self.reply = reply
+        #: Commands received and not run yet, oldest first (behind a blocked BLPOP).
+        self.backlog: deque[Sequence[Any]] = deque()
+        #: The list key a BLPOP is blocked on, or None.
+        self.blocked: bytes | None = None
+        #: When the blocked BLPOP times out (node clock; inf: never).
+        self.deadline = math.inf
+        self.closed = False
+        #: Served by a push or a timeout: the rest of the backlog runs in the next event.
+        self.woken = False
+
+    def __repr__(self) -> str:
+        return f"<Session {self.name} blocked={self.blocked!r} backlog={len(self.backlog)}>"
+
+
 class SimNode:
     """One independent Redis master."""
 
@@ -133,8 +177,11 @@ class SimNode:
         deny_info: bool = False,
         deny_config: bool = False,
         flaky_info: float = 0.0,
+        tick: float = SERVER_TICK,
     ) -> None:
         self.world = world
+        #: Server tick (1 / hz): a blocked client's timeout is noticed at the next one at the latest.
+        self.tick = tick
         #: Chance that INFO fails with a passing error (an overloaded node, a proxy hiccup).
         self.flaky_info = flaky_info
         self.name = name
@@ -143,8 +190,14 @@ class SimNode:
         self.fsync_always = fsync_always
         self.deny_info = deny_info
         self.deny_config = deny_config
-        #: key -> [value, expiry on the node's clock or None]
+        #: key -> [value, expiry on the node's clock or None]; value: bytes, zset dict or list deque
         self.data: dict[bytes, list[Any]] = {}
+        #: Open connections of this boot, and per list key the sessions blocked on it (first come first).
+        self.sessions: list[Session] = []
+        self.waiting: dict[bytes, deque[Session]] = {}
+        #: List keys pushed to by the command running now, whose blocked sessions are served after it.
+        self.ready: list[bytes] = []
+        self.tick_phase = world.rng.uniform(0.0, tick) if tick > 0 else 0.0
         #: While down after a crash that lost data: what it lost (the checker's view).
         self.lost: dict[bytes, list[Any]] = {}
         self.scripts: set[str] = set()
@@ -171,6 +224,10 @@ class SimNode:
             self.lost = self.data
             self.data = {}
         self.scripts.clear()
+        for session in self.sessions:
+            session.closed = True
+        self.sessions = []
+        self.waiting = {}
         if self.proc.frozen:  # a paused node that dies: its buffered input dies with it
             self.proc.frozen = False
             self.proc.deferred.clear()
@@ -241,29 +298,169 @@ class SimNode:
         return (entry[0], self.clock.true_duration(left)) if left > 0 else None
 
     def holders(self) -> dict[bytes, bytes]:
-        """Every live key and its value."""
-        return {k: e[0] for k in list(self.data) if (e := self._live(k)) is not None}
+        """Every live string key and its value."""
+        return {k: e[0] for k in list(self.data) if (e := self._live(k)) is not None and type(e[0]) is bytes}
 
     def holds_value(self, value: Any) -> bool:
         v = _b(value)
         return any(val == v for val in self.holders().values())
+
+    def in_line(self, queue: Any, places: Any, place: Any) -> bool:
+        """Does ``place`` still count in this waiting line?
+
+        In the order with a place not expired yet (an expired one is forgotten by the next script
+        on the line, so it counts for nothing), in the order without a place at all (it would
+        stay first until the whole key expires), or holding a place without being in the order.
+        """
+        p = _b(place)
+        order = self._live(_b(queue))
+        listed = order is not None and type(order[0]) is dict and p in order[0]
+        live = self._live(_b(places))
+        expiry = live[0].get(p) if live is not None and type(live[0]) is dict else None
+        if expiry is None:
+            return listed
+        return expiry > self._now_ms()
+
+    # -- connections ------------------------------------------------------------
+
+    def open_session(self, name: str, reply: Callable[[list[Any]], None]) -> Session:
+        """A client connection was accepted; ``reply(batch)`` sends replies back on it."""
+        session = Session(self, name, reply)
+        self.sessions.append(session)
+        return session
+
+    def close_session(self, session: Session) -> None:
+        """The client end is gone (FIN or reset): a blocked BLPOP and what waits behind it are dropped."""
+        if session.closed:
+            return
+        session.closed = True
+        session.backlog.clear()
+        self._unblock(session)
+        if session in self.sessions:
+            self.sessions.remove(session)
+
+    def serve(self, session: Session, commands: Sequence[Sequence[Any]]) -> None:
+        """Commands arrived on ``session``: run them in order, up to a BLPOP that blocks."""
+        if session.closed:
+            return
+        session.backlog.extend(commands)
+        if session.blocked is None and not session.woken:
+            self._drain(session, [])
+        self._expire_blocked()  # like beforeSleep: overdue blocked clients are noticed on any input
+
+    def _drain(self, session: Session, out: list[Any]) -> None:
+        backlog = session.backlog
+        note = self.world.note
+        while backlog and not session.closed:
+            command = backlog.popleft()
+            if _s(command[0]).upper() == "BLPOP":
+                reply = self._blpop_or_block(session, command)
+                if session.blocked is not None:
+                    note(self.name, "<-", session.name, tuple(command), "-> blocks")
+                    break
+            else:
+                reply = self.execute(command)
+            out.append(reply)
+            note(self.name, "<-", session.name, tuple(command), "->", reply)
+        if out and not session.closed:
+            session.reply(out)
+
+    def _blpop_or_block(self, session: Session, command: Sequence[Any]) -> Any:
+        self.commands_run += 1
+        try:
+            keys = [_b(k) for k in command[1:-1]]
+            timeout = float(_s(command[-1]))
+        except (IndexError, ValueError):
+            return ResponseError("ERR timeout is not a float or out of range")
+        if timeout < 0 or len(keys) != 1:
+            return ResponseError("ERR the simulator blocks on one key with a timeout >= 0")
+        popped = self._lpop(keys[0])
+        if popped is not None:
+            return [keys[0], popped]
+        session.blocked = keys[0]
+        self.waiting.setdefault(keys[0], deque()).append(session)
+        if timeout > 0:
+            session.deadline = self.clock.now() + timeout
+            fire = session.deadline
+            if self.tick > 0:  # noticed at the next server tick (or earlier, on other input)
+                fire = self.tick_phase + math.ceil((fire - self.tick_phase) / self.tick) * self.tick
+            self.proc.at_local(fire, self._timed_out, session, session.deadline)
+        else:
+            session.deadline = math.inf
+        return None
+
+    def _timed_out(self, session: Session, deadline: float) -> None:
+        if session.blocked is not None and session.deadline == deadline and not session.closed:
+            self._wake(session, None)
+
+    def _expire_blocked(self) -> None:
+        if not self.waiting:
+            return
+        now = self.clock.now()
+        for sessions in list(self.waiting.values()):
+            for session in list(sessions):
+                if session.deadline <= now:
+                    self._wake(session, None)
+
+    def _unblock(self, session: Session) -> None:
+        key = session.blocked
+        if key is None:
+            return
+        session.blocked = None
+        session.deadline = math.inf
+        sessions = self.waiting.get(key)
+        if sessions is not None:
+            if session in sessions:
+                sessions.remove(session)
+            if not sessions:
+                del self.waiting[key]
+
+    def _wake(self, session: Session, reply: Any) -> None:
+        """Answer the blocked BLPOP; the commands behind it run in the next event (beforeSleep)."""
+        key = session.blocked
+        self._unblock(session)
+        self.world.note(self.name, "BLPOP of", session.name, key, "->", reply if reply is not None else "timeout")
+        session.reply([reply])
+        session.woken = True
+        self.world.at(self.world.now, self._resume_session, session, proc=self.proc)
+
+    def _resume_session(self, session: Session) -> None:
+        session.woken = False
+        if not session.closed and session.blocked is None:
+            self._drain(session, [])
+
+    def _serve_ready(self) -> None:
+        """Serve sessions blocked on the lists just pushed to, first come first served."""
+        while self.ready:
+            key = self.ready.pop(0)
+            sessions = self.waiting.get(key)
+            while sessions:
+                value = self._lpop(key)
+                if value is None:
+                    break
+                self._wake(sessions[0], [key, value])
+                sessions = self.waiting.get(key)
 
     # -- commands ----------------------------------------------------------------
 
     def execute(self, command: Sequence[Any]) -> Any:
         """Run one command now; return its reply (errors as exception instances)."""
         self.commands_run += 1
+        reply: Any
         try:
             name = _s(command[0]).upper()
             handler = _COMMANDS.get(name)
             if handler is None:
                 raise _Error(f"ERR unknown command '{_s(command[0])}'")
-            return handler(self, command[1:])
+            reply = handler(self, command[1:])
         except _Error as exc:
             text = str(exc)
-            return NoScriptError(text) if text.startswith("NOSCRIPT") else ResponseError(text)
+            reply = NoScriptError(text) if text.startswith("NOSCRIPT") else ResponseError(text)
         except (IndexError, ValueError, TypeError) as exc:
-            return ResponseError(f"ERR syntax error ({exc})")
+            reply = ResponseError(f"ERR syntax error ({exc})")
+        if self.ready:
+            self._serve_ready()  # blocked clients are served once the pushing command (or script) is over
+        return reply
 
     def _set(self, args: Sequence[Any]) -> Any:
         key, value = _b(args[0]), _b(args[1])
@@ -294,7 +491,107 @@ class SimNode:
 
     def _get(self, args: Sequence[Any]) -> Any:
         entry = self._live(_b(args[0]))
+        if entry is not None and type(entry[0]) is not bytes:
+            raise _Error(WRONGTYPE)
         return None if entry is None else entry[0]
+
+    def _typed(self, key: bytes, kind: type) -> Any:
+        """The live value at ``key`` if it has type ``kind``; None if missing; WRONGTYPE otherwise."""
+        entry = self._live(key)
+        if entry is None:
+            return None
+        if type(entry[0]) is not kind:
+            raise _Error(WRONGTYPE)
+        return entry[0]
+
+    def _now_ms(self) -> int:
+        """``TIME`` as the scripts read it: the node's clock in whole milliseconds."""
+        return math.floor(self.clock.now() * 1000)
+
+    # sorted sets: dict member -> score; an emptied set is deleted, as in Redis
+
+    def _zadd(self, args: Sequence[Any]) -> int:
+        key = _b(args[0])
+        zset = self._typed(key, dict)
+        if zset is None:
+            zset = {}
+            self.data[key] = [zset, None]
+        added = 0
+        for i in range(1, len(args), 2):
+            score, member = _float(args[i]), _b(args[i + 1])
+            added += member not in zset
+            zset[member] = score
+        return added
+
+    def _zrem(self, args: Sequence[Any]) -> int:
+        key = _b(args[0])
+        zset = self._typed(key, dict)
+        if zset is None:
+            return 0
+        removed = sum(1 for m in args[1:] if zset.pop(_b(m), None) is not None)
+        if not zset:
+            del self.data[key]
+        return removed
+
+    def _zscore(self, args: Sequence[Any]) -> Any:
+        zset = self._typed(_b(args[0]), dict)
+        score = None if zset is None else zset.get(_b(args[1]))
+        return None if score is None else _b(f"{score:.17g}")
+
+    def _zrange(self, args: Sequence[Any]) -> list[bytes]:
+        zset = self._typed(_b(args[0]), dict)
+        if not zset:
+            return []
+        ordered = sorted(zset, key=lambda m: (zset[m], m))
+        start, stop = _int(args[1]), _int(args[2])
+        n = len(ordered)
+        start, stop = (start + n if start < 0 else start), (stop + n if stop < 0 else stop)
+        return ordered[max(0, start) : stop + 1]
+
+    def _zrangebyscore(self, args: Sequence[Any]) -> list[bytes]:
+        zset = self._typed(_b(args[0]), dict)
+        if not zset:
+            return []
+        low, high = _float(args[1]), _float(args[2])
+        return sorted((m for m, sc in zset.items() if low <= sc <= high), key=lambda m: (zset[m], m))
+
+    def _zcard(self, args: Sequence[Any]) -> int:
+        zset = self._typed(_b(args[0]), dict)
+        return len(zset) if zset else 0
+
+    # lists: deque; an emptied list is deleted
+
+    def _rpush(self, args: Sequence[Any]) -> int:
+        key = _b(args[0])
+        items = self._typed(key, deque)
+        if items is None:
+            items = deque()
+            self.data[key] = [items, None]
+        items.extend(_b(v) for v in args[1:])
+        if key in self.waiting:
+            self.ready.append(key)
+        return len(items)
+
+    def _lpop(self, key: bytes) -> bytes | None:
+        items = self._typed(key, deque)
+        if not items:
+            return None
+        value = items.popleft()
+        if not items:
+            del self.data[key]
+        return value
+
+    def _llen(self, args: Sequence[Any]) -> int:
+        items = self._typed(_b(args[0]), deque)
+        return len(items) if items else 0
+
+    def _blpop(self, args: Sequence[Any]) -> Any:
+        """BLPOP outside a connection (a direct call): pop now, or nil; it never blocks."""
+        for key in args[:-1]:
+            value = self._lpop(_b(key))
+            if value is not None:
+                return [_b(key), value]
+        return None
 
     def _pttl(self, args: Sequence[Any]) -> int:
         entry = self._live(_b(args[0]))
@@ -356,6 +653,10 @@ class SimNode:
             return []
         return [name.encode(), values[name]]
 
+    def _time(self, args: Sequence[Any]) -> list[bytes]:
+        micros = math.floor(self.clock.now() * 1_000_000)
+        return [b"%d" % (micros // 1_000_000), b"%d" % (micros % 1_000_000)]
+
     def _scan(self, args: Sequence[Any]) -> list[Any]:
         pattern = b"*"
         i = 1
@@ -388,16 +689,65 @@ class SimNode:
         numkeys = _int(rest[0])
         keys = [_b(k) for k in rest[1 : 1 + numkeys]]
         argv = [_b(a) for a in rest[1 + numkeys :]]
-        return _SCRIPTS[sha](self, keys, argv)
+        wanted = _SCRIPT_KEYS.get(sha)
+        if wanted is not None and len(keys) != wanted:
+            raise _Error(f"ERR Error running script: {wanted} keys expected, {len(keys)} given")
+        return getattr(self, _SCRIPTS[sha])(keys, argv)
 
-    # the four engine scripts, as their Lua does it
+    # the engine's scripts, as their Lua does it (a mutant may replace one of these methods)
+
+    def _forget_expired(self, queue: bytes, places: bytes, now: int) -> None:
+        expired = self._zrangebyscore([places, "-inf", now])
+        if expired:
+            self._zrem([places, *expired])
+            self._zrem([queue, *expired])
+
+    def _acquire(self, keys: list[bytes], argv: list[bytes]) -> Any:
+        lock, queue, places = keys
+        value, ttl_ms, mode, place, ticket, life_ms, wake = argv
+        now = self._now_ms()
+        self._forget_expired(queue, places, now)
+        if mode != b"once":
+            if mode == b"wait":
+                self._del([wake])
+                if self._zscore([places, place]) is None:
+                    return -1
+            life = _int(life_ms)
+            self._zadd([queue, ticket, place])
+            self._zadd([places, now + life, place])
+            if self._pttl([queue]) < life:
+                self._pexpire([queue, life])
+                self._pexpire([places, life])
+        if self._exists([lock]) == 1:
+            return 0
+        first = self._zrange([queue, 0, 0])
+        if first and first[0] != place:
+            return -2
+        self._set([lock, value, "PX", ttl_ms])
+        return b"OK"
 
     def _release(self, keys: list[bytes], argv: list[bytes]) -> int:
-        entry = self._live(keys[0])
-        if entry is not None and entry[0] == argv[0]:
-            del self.data[keys[0]]
-            return 1
-        return 0
+        lock, queue, places = keys
+        value, place, prefix, wake_life = argv
+        released = 0
+        if self._get([lock]) == value:
+            released = self._del([lock])
+        self._leave_and_wake(keys, place, prefix, wake_life)
+        return released
+
+    def _leave_and_wake(self, keys: list[bytes], place: bytes, prefix: bytes, wake_life: bytes) -> None:
+        """RELEASE after the compare-and-delete: leave the line; if the lock is free, wake the first."""
+        lock, queue, places = keys
+        if place != b"":
+            self._zrem([queue, place])
+            self._zrem([places, place])
+        if self._exists([lock]) == 0 and self._exists([queue]) == 1:
+            self._forget_expired(queue, places, self._now_ms())
+            first = self._zrange([queue, 0, 0])
+            if first:
+                wake = prefix + first[0]
+                self._rpush([wake, b"1"])
+                self._pexpire([wake, wake_life])
 
     def _extend(self, keys: list[bytes], argv: list[bytes]) -> int:
         entry = self._live(keys[0])
@@ -428,6 +778,16 @@ class SimNode:
         return f"<SimNode {self.name} {state} keys={len(self.data)}>"
 
 
+def _float(value: Any) -> float:
+    text = _s(value).lower()
+    if text in ("-inf", "+inf", "inf"):
+        return -math.inf if text == "-inf" else math.inf
+    try:
+        return float(text)
+    except ValueError:
+        raise _Error("ERR value is not a valid float") from None
+
+
 def _lua_number(value: bytes) -> float:
     try:
         return float(value)
@@ -446,13 +806,27 @@ _COMMANDS: dict[str, Callable[[SimNode, Sequence[Any]], Any]] = {
     "INFO": SimNode._info,
     "CONFIG": SimNode._config,
     "SCAN": SimNode._scan,
+    "TIME": SimNode._time,
     "EVAL": SimNode._eval,
     "EVALSHA": SimNode._evalsha,
+    "ZADD": SimNode._zadd,
+    "ZREM": SimNode._zrem,
+    "ZSCORE": SimNode._zscore,
+    "ZRANGE": SimNode._zrange,
+    "ZRANGEBYSCORE": SimNode._zrangebyscore,
+    "ZCARD": SimNode._zcard,
+    "RPUSH": SimNode._rpush,
+    "LLEN": SimNode._llen,
+    "BLPOP": SimNode._blpop,
 }
 
-_SCRIPTS: dict[str, Callable[[SimNode, list[bytes], list[bytes]], Any]] = {
-    RELEASE.sha: SimNode._release,
-    EXTEND.sha: SimNode._extend,
-    FENCE_RAISE.sha: SimNode._fence_raise,
-    INSPECT.sha: SimNode._inspect,
+#: sha -> the SimNode method that does what the script's Lua does (looked up per call).
+_SCRIPTS: dict[str, str] = {
+    ACQUIRE.sha: "_acquire",
+    RELEASE.sha: "_release",
+    EXTEND.sha: "_extend",
+    FENCE_RAISE.sha: "_fence_raise",
+    INSPECT.sha: "_inspect",
 }
+#: sha -> how many KEYS the script takes (None: any number).
+_SCRIPT_KEYS: dict[str, Any] = {ACQUIRE.sha: 3, RELEASE.sha: 3, EXTEND.sha: 1, FENCE_RAISE.sha: 1}

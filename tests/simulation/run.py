@@ -20,7 +20,7 @@ from .network import NetConfig
 from .scenario import build
 from .world import Chooser
 
-__all__ = ["Outcome", "simulate"]
+__all__ = ["Outcome", "contend", "simulate"]
 
 #: How far a host's wall clock may be off (seconds). Fencing tokens are floored at the
 #: wall clock, which keeps them ordered after counters are lost with restarted nodes
@@ -77,10 +77,26 @@ def simulate(
     end = begin + seconds
     try:
         nemesis = None
-        if faults is not None:
-            nemesis = sim.nemesis(end, faults)
         # Clients keep working past the heal, so that progress can be checked.
         stop = end + ttl * 2 + (faults.progress_within if faults else 0.0)
+        by_proc = {client.proc: client for client in procs}
+
+        def respawn(victim: Any) -> Any:
+            """Kill a client process; a new one (fresh books, new name) takes up its work."""
+            dead = by_proc[victim]
+            dead.die()
+            sim.network.kill_client(victim)
+            new = SimClient(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
+                            node_timeout=node_timeout, wall_offset=dead.wall_offset)
+            new.fencing = fencing
+            by_proc[new.proc] = new
+            procs.append(new)
+            new.proc.after_local(world.uniform(0.0, 0.2, "respawn delay"), new.session, list(resources), stop)
+            return new.proc
+
+        if faults is not None:
+            nemesis = sim.nemesis(end, faults)
+            nemesis.respawn = respawn
         for client in procs:
             client.fencing = fencing
             world.at(begin, client.session, list(resources), stop)
@@ -95,8 +111,50 @@ def simulate(
     return outcome
 
 
+def contend(
+    seed: int,
+    *,
+    seconds: float = 3.0,
+    clients: int = 4,
+    ttl: float = 1.0,
+    hold: float = 0.05,
+    once: float = 0.2,
+    wake_within: float = 0.1,
+    net: NetConfig | None = None,
+) -> Outcome:
+    """A run without faults where ``clients`` queue up for one lock with blocking acquires.
+
+    Besides every invariant, checks (f) fairness (nobody is granted past an earlier call that
+    was already in line everywhere) and (g) wake-up (after a release, someone in line is granted
+    within ``wake_within`` seconds). ``extra`` has the grants per client and the wake-up delays.
+    """
+    sim = build(seed, ttl=ttl, net=net or NetConfig(late_chance=0.0))
+    world, checker = sim.world, sim.checker
+    checker.fair = True
+    checker.wake_within = wake_within
+    procs = [SimClient(sim, f"c{i}", ttl=ttl) for i in range(clients)]
+    outcome = Outcome(seed)
+    begin = ttl * 2 + 0.1  # the nodes are new: wait out the restart window once
+    try:
+        for i, client in enumerate(procs):
+            world.at(begin + 0.01 * i, lambda c=client: c.contend("r", begin + seconds, hold=hold, once=once))
+        world.run_until(begin + seconds + ttl * 2)
+    except Violation as exc:
+        outcome.violation = str(exc)
+    outcome.acquired = sum(c.acquired for c in procs)
+    outcome.failed = sum(c.failed for c in procs)
+    outcome.events = world.events_run
+    grants = checker.grants.get("r", [])
+    outcome.extra = {
+        "grants": {c.name: sum(1 for g in grants if g.client == c.name) for c in procs},
+        "wake_delays": list(checker.wake_delays),
+    }
+    return outcome
+
+
 def default_faults(restart_after: float = 0.0) -> FaultConfig:
-    return FaultConfig(mean_gap=0.3, max_duration=1.5, max_down=1.5, restart_after=restart_after,
+    return FaultConfig(kinds=("crash", "pause_node", "partition", "drop", "pause_client", "kill_client"),
+                       mean_gap=0.3, max_duration=1.5, max_down=1.5, restart_after=restart_after,
                        progress_within=4.0)
 
 

@@ -68,5 +68,6 @@ def build(
                 fsync_always=fsync[i], deny_info=deny[i], flaky_info=flaky_info)
         for i in range(nodes)
     ]
-    checker = Checker(world, sim_nodes, ttl=ttl, key_of=lambda r: f"{key_prefix}lock:{r}")
+    checker = Checker(world, sim_nodes, ttl=ttl, key_of=lambda r: f"{key_prefix}lock:{r}",
+                      line_of=lambda r: (f"{key_prefix}queue:{r}", f"{key_prefix}places:{r}"))
     return Sim(world, Network(world, net), sim_nodes, checker, drift, share)
