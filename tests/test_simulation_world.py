@@ -270,8 +270,11 @@ def test_exact_replay_from_the_seed():
     assert w3.trace_lines() != w1.trace_lines()
 
 
-def test_throughput():
-    """Thousands of simulated lock operations (fan-out, decision, release) per second."""
+def test_many_clients_on_many_resources():
+    """A thousand simulated lock operations (fan-out, decision, release) run clean; the rate is printed.
+
+    The simulator's speed is measured by ``make simulate`` (runs per second), not asserted here.
+    """
     resources = tuple(f"r{i}" for i in range(20))
     start = time.perf_counter()
     w, checker, clients = toy_run(5, clients=20, seconds=20.0, resources=resources)
@@ -279,7 +282,7 @@ def test_throughput():
     attempts = sum(c.round for c in clients)
     print(f"\n{attempts} lock operations ({checker.acquisitions} acquired), {w.events_run} events "
           f"in {took:.2f}s: {attempts / took:.0f} ops/s, {w.events_run / took:.0f} events/s")
-    assert attempts / took > 1000
+    assert attempts > 1000 and checker.acquisitions > 100
 
 
 # -- the Redis model ------------------------------------------------------------------
@@ -349,29 +352,31 @@ def test_acquire_and_release_scripts_keep_a_waiting_line():
     w, n = make_node()
     ev = lambda script, *args: n.execute(("EVAL", script.source, *args))  # noqa: E731
     queue, places = CONFIG.line_keys("r")[1:]
-    assert ev(ACQUIRE, *acquire_args("a", "join", "pa", 10)) == b"OK"  # first in line, lock free
-    assert ev(ACQUIRE, *acquire_args("b", "join", "pb", 20)) == 0  # held
+    assert ev(ACQUIRE, *acquire_args("a", "join", "pa", 10)) == b"OK"  # lock free, nobody waits: no place
+    assert n.execute(("EXISTS", queue)) == 0
+    assert ev(ACQUIRE, *acquire_args("b", "join", "pb", 20)) == 0  # held: pb takes a place
     assert ev(ACQUIRE, *acquire_args("c", "once", "pc", 5)) == 0
-    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pa", b"pb"]  # the place stays after a grant
+    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pb"]
     assert 1 <= n.execute(("PTTL", queue)) <= 1500
-    assert ev(RELEASE, *release_args("a", "pa")) == 1  # leaves the line, wakes pb
+    assert ev(RELEASE, *release_args("a", "pa")) == 1  # wakes pb, first in line
     assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pb"]
     wake = CONFIG.wake_prefix("r") + "pb"
     assert n.execute(("LLEN", wake)) == 1 and n.execute(("PTTL", wake)) == 1500
     assert ev(ACQUIRE, *acquire_args("c", "once", "pc", 5)) == -2  # free, but pb waits
-    assert ev(ACQUIRE, *acquire_args("c", "join", "pc", 30)) == -2
+    assert ev(ACQUIRE, *acquire_args("c", "join", "pc", 30)) == -2  # pc joins behind pb
     assert ev(ACQUIRE, *acquire_args("x", "wait", "px", 1)) == -1  # no place: it expired or left
     assert ev(ACQUIRE, *acquire_args("b", "wait", "pb", 20)) == b"OK" and n.execute(("LLEN", wake)) == 0
+    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pc"]  # a grant takes the place out of the line
     assert ev(RELEASE, *release_args("nope", "")) == 0 and n.execute(("GET", KEY)) == b"b"
     assert isinstance(n.execute(("GET", queue)), ResponseError)  # WRONGTYPE
     # Places expire on the node's clock (TIME, ms) and are forgotten by the next script.
     w.run_until(1.2)
-    assert ev(ACQUIRE, *acquire_args("d", "join", "pd", 40, life_ms=2000)) == -2  # lock expired; pb first
+    assert ev(ACQUIRE, *acquire_args("d", "join", "pd", 40, life_ms=2000)) == -2  # lock expired; pc first
     w.run_until(1.6)
-    assert n.in_line(queue, places, "pb") is False and n.in_line(queue, places, "pd") is True
-    assert n.execute(("ZCARD", queue)) == 3  # expired places linger until a script forgets them
+    assert n.in_line(queue, places, "pc") is False and n.in_line(queue, places, "pd") is True
+    assert n.execute(("ZCARD", queue)) == 2  # expired places linger until a script forgets them
     assert ev(ACQUIRE, *acquire_args("d", "join", "pd", 40, life_ms=2000)) == b"OK"
-    assert n.execute(("ZRANGE", queue, 0, -1)) == [b"pd"]
+    assert n.execute(("EXISTS", queue)) == 0
     n.crash()
     n.start()
     assert n.execute(("EXISTS", queue)) == 0  # lists and sorted sets are lost like keys

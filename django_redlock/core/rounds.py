@@ -63,6 +63,8 @@ STALE_LIMIT_MIN = 1.0
 COOL_OFF = 0.5
 #: Idle connections older than this are checked for a close by the server before use.
 IDLE_CHECK = 0.5
+#: Redis notices a BLPOP timeout at its next server tick (``hz 10``): up to this much late.
+SERVER_TICK = 0.1
 #: At most this many unread replies are queued on one parked connection.
 MAX_PENDING = 256
 
@@ -222,7 +224,7 @@ class NodeBooks:
             wake, seconds = block
             extra.append(("BLPOP", wake, f"{seconds:.3f}"))
             expect.append(Entry(ledger.WAKE))
-            conn.quiet_until = max(conn.quiet_until, now + seconds)
+            conn.quiet_until = max(conn.quiet_until, now + seconds + SERVER_TICK)
         if mine.kind == ledger.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
         expect.append(mine)

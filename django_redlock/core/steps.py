@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
+from django_redlock.core.rounds import SERVER_TICK
 from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, RELEASE, Script
 
 __all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
@@ -146,7 +147,7 @@ def acquire(
             wait = plan.slice if plan.mode == "wait" else 0.0
             results = yield Fan(
                 [plan.vote()] * total,
-                timeout=config.node_timeout + wait if wait else None,
+                timeout=config.node_timeout + wait + SERVER_TICK if wait else None,
                 done=done,
                 script=ACQUIRE,
                 allow_lagging=False,

@@ -707,23 +707,27 @@ class SimNode:
         value, ttl_ms, mode, place, ticket, life_ms, wake = argv
         now = self._now_ms()
         self._forget_expired(queue, places, now)
-        if mode != b"once":
-            if mode == b"wait":
-                self._del([wake])
-                if self._zscore([places, place]) is None:
-                    return -1
+        if mode == b"wait":
+            self._del([wake])
+            if self._zscore([places, place]) is None:
+                return -1
+        held = self._exists([lock]) == 1
+        if mode != b"once" and (held or self._exists([queue]) == 1):
             life = _int(life_ms)
             self._zadd([queue, ticket, place])
             self._zadd([places, now + life, place])
             if self._pttl([queue]) < life:
                 self._pexpire([queue, life])
                 self._pexpire([places, life])
-        if self._exists([lock]) == 1:
+        if held:
             return 0
         first = self._zrange([queue, 0, 0])
         if first and first[0] != place:
             return -2
         self._set([lock, value, "PX", ttl_ms])
+        if first:
+            self._zrem([queue, place])
+            self._zrem([places, place])
         return b"OK"
 
     def _release(self, keys: list[bytes], argv: list[bytes]) -> int:
