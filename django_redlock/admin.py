@@ -1,4 +1,4 @@
-"""The admin "Locks" page: live lock keys on every node, per-node detail, force release.
+"""The admin "Locks" page: live lock keys on every node, calls waiting in line, per-node detail, force release.
 
 Nothing is read from the database: each request scans the nodes (SCAN, never
 KEYS). Viewing needs ``django_redlock.view_lock``; releasing needs
@@ -30,6 +30,7 @@ SORTS = {
     "state": lambda r: r.state,
     "nodes": lambda r: r.nodes_holding,
     "ttl": lambda r: r.ttl,
+    "waiting": lambda r: r.waiting,
     "holder": lambda r: str(r.holder or ""),
     "acquired": lambda r: (r.holder.acquired_at or 0) if r.holder else 0,
 }
@@ -39,6 +40,7 @@ COLUMNS = [
     ("acquired", _("Acquired")),
     ("ttl", _("TTL left")),
     ("nodes", _("Nodes")),
+    ("waiting", _("Waiting")),
     ("state", _("State")),
 ]
 
@@ -214,6 +216,7 @@ def _row(record: Any) -> dict[str, Any]:
         "ttl": record.ttl,
         "nodes_holding": record.nodes_holding,
         "total": record.total,
+        "waiting": record.waiting,
         "state": record.state,
         "down": record.down,
     }
@@ -224,6 +227,7 @@ def _entry(entry: Any) -> dict[str, Any]:
     return {
         "node": entry.node,
         "ttl": entry.ttl,
+        "waiting": entry.waiting,
         "holder": holder,
         "token": holder.token if holder else "",
         "acquired": _when(holder.acquired_at) if holder else None,

@@ -4,10 +4,16 @@
 loopback ports, no persistence). ``servers`` hands them to a test healed and
 empty: paused ones resumed, killed ones restarted, every key flushed. Tests
 fault them with ``servers[i].kill()``, ``.pause()``, ``.resume()`` and
-``.restart()``.
+``.restart()``. ``waiters`` puts blocking acquire calls in a resource's line
+from threads.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -45,3 +51,56 @@ def redlock_settings(settings, servers):
     """Point REDLOCK_NODES at the five test masters."""
     settings.REDLOCK_NODES = servers.urls
     yield settings
+
+
+class Waiters:
+    """Blocking ``acquire()`` calls waiting in line, each in its own thread.
+
+    A call that gets the lock releases it at once; one that gives up keeps its
+    ``LockNotAcquired``. :meth:`join` waits for every call to end.
+    """
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.outcomes: list[Any] = []
+
+    def start(self, manager: Any, resource: str, count: int, timeout: float) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=self._wait, args=(manager, resource, timeout), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _wait(self, manager: Any, resource: str, timeout: float) -> None:
+        from django_redlock.exceptions import LockNotAcquired
+
+        try:
+            lock = manager.acquire(resource, timeout=timeout)
+        except LockNotAcquired as exc:
+            self.outcomes.append(exc)
+            return
+        self.outcomes.append("acquired")
+        lock.release()
+
+    def join(self, seconds: float = 10.0) -> list[Any]:
+        for thread in self.threads:
+            thread.join(seconds)
+        assert not any(t.is_alive() for t in self.threads), "a waiter is still waiting"
+        return self.outcomes
+
+
+@pytest.fixture
+def waiters(servers):
+    line = Waiters()
+    yield line
+    line.join()
+
+
+def eventually(check: Callable[[], Any], seconds: float = 5.0) -> Any:
+    """Call ``check`` until it returns something true (returned) or ``seconds`` pass (AssertionError)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, f"not true within {seconds} s: {check}"
+            return value
+        time.sleep(0.05)

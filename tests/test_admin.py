@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import redis
 from django.contrib.admin.models import DELETION, LogEntry
@@ -10,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from django_redlock import get_lock_manager
+from tests.conftest import eventually
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redlock_settings")]
 
@@ -131,3 +134,56 @@ def test_restarted_nodes_shown_sitting_out(admin_client, settings):
     settings.REDLOCK = {**settings.REDLOCK, "RESTART_WINDOW": 3600}  # every test node is younger than an hour
     page = admin_client.get(reverse(LIST)).content.decode()
     assert page.count("restarted, sits out") == 5
+
+
+def waiting_cell(page, resource):
+    row = re.search(rf">{re.escape(resource)}</a></th>.*?<td class=\"field-waiting\">(.*?)</td>", page, re.S)
+    assert row, f"no row for {resource}"
+    return re.sub(r"<[^>]+>", "", row.group(1)).strip()
+
+
+def test_waiting_column_counts_calls_in_line(django_user_model, waiters):
+    manager = get_lock_manager()
+    held = manager.acquire("busy-report", ttl=30)
+    manager.acquire("quiet-report", ttl=30)
+    waiters.start(manager, "busy-report", 3, timeout=5)
+    client, _ = staff(django_user_model, "view_lock")
+
+    def page(**params):
+        return client.get(reverse(LIST), params).content.decode()
+
+    eventually(lambda: waiting_cell(page(), "busy-report") == "3")
+    listing = page()
+    assert "Waiting</a>" in listing and waiting_cell(listing, "quiet-report") == "0"
+    busiest_first = page(o="-waiting")
+    assert busiest_first.index("busy-report") < busiest_first.index("quiet-report")
+    detail = client.get(reverse(DETAIL), {"resource": "busy-report"}).content.decode()
+    assert "3 calls waiting in line." in detail and detail.count("<td>3</td>") == 5
+    held.release()
+    assert waiters.join() == ["acquired"] * 3
+    assert "busy-report" not in page()  # no lock key left: the row is gone
+
+
+def test_waiting_column_drops_when_waiters_give_up(admin_client, waiters):
+    manager = get_lock_manager()
+    held = manager.acquire("slow-report", ttl=30)
+    waiters.start(manager, "slow-report", 2, timeout=0.8)
+    waiters.start(manager, "slow-report", 1, timeout=8)
+
+    def cell():
+        return waiting_cell(admin_client.get(reverse(LIST)).content.decode(), "slow-report")
+
+    eventually(lambda: cell() == "3")
+    eventually(lambda: len(waiters.outcomes) == 2)
+    assert cell() == "1"  # their places left with them (expiry alone would take up to 1.5 s)
+    held.release()
+    assert waiters.join()[2] == "acquired"
+
+
+def test_passwords_never_on_the_page_when_some_nodes_refuse_them(admin_client, settings, servers):
+    get_lock_manager().acquire("guarded", ttl=30)
+    urls = servers.urls  # two nodes refuse the password (they have none): shown as down, without it
+    settings.REDLOCK_NODES = [u.replace("redis://", "redis://:Page-Secret-4@") for u in urls[:2]] + urls[2:]
+    page = admin_client.get(reverse(LIST)).content.decode()
+    assert "guarded" in page and "3/5" in page and page.count("<strong>down</strong>") == 2
+    assert waiting_cell(page, "guarded") == "0" and "Page-Secret-4" not in page

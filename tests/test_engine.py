@@ -11,6 +11,7 @@ import redis
 
 from django_redlock.core import Hooks, LockManager
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
+from tests.conftest import eventually
 
 
 def keys_everywhere(servers, pattern="redlock:lock:*"):
@@ -420,3 +421,54 @@ def test_unix_socket_node(tmp_path):
         mgr.close()
     finally:
         server.stop()
+
+
+def waiting_on(manager, resource):
+    """The quorum view of calls waiting on ``resource``, or None when no node holds its lock key."""
+    record = next((r for r in manager.live_locks(match=resource) if r.resource == resource), None)
+    return record.waiting if record else None
+
+
+def test_live_locks_count_the_calls_waiting_in_line(manager, servers, waiters):
+    held = manager.acquire("busy", ttl=10)
+    manager.acquire("idle", ttl=10)
+    waiters.start(manager, "busy", 3, timeout=5)
+    eventually(lambda: waiting_on(manager, "busy") == 3)
+    records = {r.resource: r for r in manager.live_locks()}
+    assert [e.waiting for e in records["busy"].entries] == [3] * 5
+    assert records["idle"].waiting == 0
+    held.release()  # each waiter gets the lock in turn and releases it
+    assert waiters.join() == ["acquired"] * 3
+    assert [r.resource for r in manager.live_locks()] == ["idle"]
+
+
+def test_waiting_count_drops_when_waiters_give_up(manager, waiters):
+    held = manager.acquire("slow", ttl=10)
+    waiters.start(manager, "slow", 2, timeout=0.8)
+    waiters.start(manager, "slow", 1, timeout=8)
+    eventually(lambda: waiting_on(manager, "slow") == 3)
+    eventually(lambda: len(waiters.outcomes) == 2)
+    # Read at once: the leavers' places went with their release, not with expiry (up to 1.5 s later).
+    assert waiting_on(manager, "slow") == 1
+    held.release()
+    outcomes = waiters.join()
+    assert outcomes[2] == "acquired" and all(isinstance(o, LockNotAcquired) for o in outcomes[:2])
+
+
+def test_waiting_is_what_a_quorum_of_nodes_agree_on(manager, servers):
+    manager.acquire("counted", ttl=10)
+    # Places written straight into the lines: 4 on two nodes, 2 on two, 1 on the last.
+    far = int(time.time() * 1000) + 60_000
+    for server, count in zip(servers, (4, 4, 2, 2, 1)):
+        client = redis.Redis.from_url(server.url)
+        client.zadd("redlock:places:counted", {f"p{i}": far for i in range(count)})
+        client.zadd("redlock:places:counted", {"gone": 1})  # expired long ago: not counted
+        client.close()
+    record = next(manager.live_locks())
+    assert [e.waiting for e in record.entries] == [4, 4, 2, 2, 1]
+    assert record.waiting == 2  # at least 2 on a quorum (3 nodes); 4 only on two
+    servers[0].kill()
+    servers[1].kill()
+    servers[2].kill()
+    record = next(manager.live_locks())  # fewer than a quorum answer: what all of them agree on
+    assert [e.waiting for e in record.entries] == [2, 1] and record.waiting == 1

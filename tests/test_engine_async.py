@@ -117,3 +117,30 @@ async def test_live_locks_and_force_release(amanager, servers):
     assert await amanager.is_locked("y")
     status = await amanager.node_status()
     assert all(s.reachable for s in status)
+
+
+async def test_live_locks_count_waiters_and_drop_those_that_give_up(amanager):
+    held = await amanager.acquire("busy", ttl=10)
+
+    async def waiting() -> int | None:
+        async for record in amanager.live_locks():
+            if record.resource == "busy":
+                return record.waiting
+        return None
+
+    async def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 5
+        while await waiting() != count:
+            assert time.monotonic() < deadline, f"never {count} waiting"
+            await asyncio.sleep(0.05)
+
+    quitters = [asyncio.create_task(amanager.acquire("busy", timeout=0.8)) for _ in range(2)]
+    stayer = asyncio.create_task(amanager.acquire("busy", timeout=8))
+    await wait_for(3)
+    for task in quitters:
+        with pytest.raises(LockNotAcquired):
+            await task
+    assert await waiting() == 1  # they left the line with their release
+    await held.release()
+    lock = await stayer
+    assert await lock.release() is True

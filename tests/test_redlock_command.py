@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 
@@ -28,6 +29,7 @@ def test_list_and_release(servers):
     data = json.loads(run("list", "--json", "--match", "-1")[0])
     assert [r["resource"] for r in data] == ["orders-1"]
     assert data[0]["holder"]["token"] == lock.token and data[0]["nodes_holding"] == 5
+    assert data[0]["waiting"] == 0 and [e["waiting"] for e in data[0]["entries"]] == [0] * 5
     out, _ = run("release", "orders-1")
     assert "Released 'orders-1' on 5 of 5 nodes" in out
     assert not manager.is_locked("orders-1")
@@ -64,3 +66,37 @@ def test_status_never_shows_passwords(settings, servers):
 def test_subcommand_required():
     with pytest.raises(CommandError):
         call_command("redlock", stdout=StringIO(), stderr=StringIO())
+
+
+def test_list_counts_calls_waiting_and_drops_those_that_give_up(waiters):
+    manager = get_lock_manager()
+    held = manager.acquire("orders-9", ttl=20)
+    manager.acquire("orders-10", ttl=20)
+    waiters.start(manager, "orders-9", 2, timeout=0.8)
+    waiters.start(manager, "orders-9", 1, timeout=8)
+
+    def waiting():
+        return {r["resource"]: r["waiting"] for r in json.loads(run("list", "--json")[0])}
+
+    eventually(lambda: waiting() == {"orders-10": 0, "orders-9": 3})
+    data = json.loads(run("list", "--json", "--match", "orders-9")[0])
+    assert [e["waiting"] for e in data[0]["entries"]] == [3] * 5
+    lines = run("list")[0].splitlines()
+    assert lines[0].split() == ["RESOURCE", "STATE", "NODES", "TTL", "WAITING", "HOLDER"]
+    row = next(line.split() for line in lines if line.startswith("orders-9 "))
+    assert row[1:3] == ["held", "5/5"] and row[4] == "3"
+    eventually(lambda: len(waiters.outcomes) == 2)
+    assert waiting()["orders-9"] == 1  # the two that gave up left the line with their release
+    held.release()
+    assert waiters.join()[2] == "acquired"
+
+
+def test_list_never_shows_passwords(settings, servers):
+    get_lock_manager().acquire("secret-orders", ttl=20)
+    # Two nodes refuse the password (they have none): named as not answering, without it.
+    urls = servers.urls
+    settings.REDLOCK_NODES = [u.replace("redis://", "redis://:List-Secret-7@") for u in urls[:2]] + urls[2:]
+    out, err = run("list")
+    assert "secret-orders" in out and "3/5" in out and err.count("did not answer") == 2
+    data = run("list", "--json")[0]
+    assert json.loads(data)[0]["down"] and "List-Secret-7" not in out + err + data

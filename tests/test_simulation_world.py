@@ -341,7 +341,8 @@ def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 3)) == 5
     assert n.execute(("GET", "redlock:fence:r")) == b"5"
     n.execute(("SET", KEY, "v", "PX", 1000))
-    assert n.execute(("EVAL", INSPECT.source, 2, KEY, "redlock:lock:gone")) == [b"v", 1000, None, -2]
+    inspect = ("EVAL", INSPECT.source, 2, KEY, "redlock:lock:gone", "redlock:lock:", "redlock:places:")
+    assert n.execute(inspect) == [b"v", 1000, None, -2, []]
     assert isinstance(n.execute(("EVAL", "return 1", 0)), ResponseError)
     n.crash()
     n.start()

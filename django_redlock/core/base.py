@@ -420,6 +420,8 @@ class Scan:
     Each round the manager sends :meth:`scan_commands`, hands the pages to
     :meth:`inspect_commands`, sends those, and hands the replies to
     :meth:`take`; :meth:`records` gives the result once :attr:`running` is false.
+    Inspecting a page is one script call per node: each lock key's value and
+    ttl, and how many live places its resource's waiting line has.
     """
 
     def __init__(self, config: ManagerConfig, nodes: Sequence[Any], quorum: int, match: str | None) -> None:
@@ -436,6 +438,8 @@ class Scan:
         self.found: dict[str, dict[str, NodeEntry]] = {}
         self.page_keys: list[list[str]] = []
         self.holders: dict[bytes, Holder] = {}
+        # INSPECT names each resource's places zset from these heads.
+        self.heads = (f"{config.key_prefix}lock:", f"{config.key_prefix}places:")
 
     @property
     def running(self) -> bool:
@@ -458,7 +462,7 @@ class Scan:
                     self.cursors[i] = int(cursor) or None
                     keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
             self.page_keys.append(keys)
-            inspect.append(script_command(INSPECT, keys, []) if keys else None)
+            inspect.append(script_command(INSPECT, keys, self.heads) if keys else None)
         return inspect
 
     def take(self, inspect: Sequence[Any], replies: Sequence[Any]) -> None:
@@ -471,14 +475,17 @@ class Scan:
                 self.cursors[i] = None
                 continue
             holders = self.holders
-            for j, key in enumerate(self.page_keys[i]):
+            keys = self.page_keys[i]
+            tail = reply[2 * len(keys)]  # (1-based index, live places) for keys with a line
+            waiting = dict(zip(tail[::2], tail[1::2])) if tail else {}
+            for j, key in enumerate(keys):
                 raw, pttl = reply[2 * j], reply[2 * j + 1]
                 if raw and pttl != -2:
                     ttl = pttl / 1000.0 if pttl >= 0 else -1.0
                     holder = holders.get(raw)
                     if holder is None:  # the same value sits on every node: decode it once
                         holder = holders[raw] = Holder.decode(raw)
-                    self.found.setdefault(key, {})[name] = NodeEntry(name, holder, ttl)
+                    self.found.setdefault(key, {})[name] = NodeEntry(name, holder, ttl, waiting.get(j + 1, 0))
 
     def records(self) -> list[LockRecord]:
         order = {node.name: n for n, node in enumerate(self.nodes)}

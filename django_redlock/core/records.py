@@ -70,6 +70,7 @@ class NodeEntry:
     node: str
     holder: Holder | None
     ttl: float  # seconds left on that node; -1.0 when the key has no expiry
+    waiting: int = 0  # live places in the resource's waiting line on that node
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,21 @@ class LockRecord:
         if len(ttls) >= self.quorum:
             return ttls[self.quorum - 1]
         return ttls[0]
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting in line: the most that a quorum of the nodes holding the key agree on.
+
+        Each node holding the lock key reports its live places; this is the
+        quorum-th highest report (every report, the lowest, when fewer than a
+        quorum of nodes hold the key). A blocking call that just got the lock
+        keeps its place until it releases or the place expires (about 1.5 s),
+        so it may be counted for that moment.
+        """
+        counts = sorted((e.waiting for e in self.entries), reverse=True)
+        if not counts:
+            return 0
+        return counts[min(self.quorum, len(counts)) - 1]
 
     @property
     def state(self) -> str:

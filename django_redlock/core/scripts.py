@@ -152,16 +152,29 @@ return current
 """,
 )
 
-# KEYS: lock keys found by SCAN. Return value and remaining ttl (ms) of each,
-# flattened, so one round trip reads a whole SCAN page.
+# KEYS: lock keys found by SCAN; ARGV[1] their head ("<prefix>lock:"), ARGV[2] the head of
+# the places zsets ("<prefix>places:"): the script names each resource's line itself, as
+# RELEASE names wake lists (passing every places key would double the request).
+# Return value and remaining ttl (ms) of each key, flattened, then one array of
+# (index, live places) pairs for the keys whose resource has anyone in line (expiry
+# after the node's now), so one round trip reads a whole SCAN page. Read-only.
 INSPECT = Script(
     "inspect",
     """
-local out = {}
+local clock = redis.call('time')
+local after = '(' .. (clock[1] * 1000 + math.floor(clock[2] / 1000))
+local cut = #ARGV[1] + 1
+local out, waiting = {}, {}
 for i, key in ipairs(KEYS) do
     out[2 * i - 1] = redis.call('get', key) or false
     out[2 * i] = redis.call('pttl', key)
+    local live = redis.call('zcount', ARGV[2] .. string.sub(key, cut), after, '+inf')
+    if live > 0 then
+        waiting[#waiting + 1] = i
+        waiting[#waiting + 1] = live
+    end
 end
+out[2 * #KEYS + 1] = waiting
 return out
 """,
 )

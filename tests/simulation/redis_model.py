@@ -773,6 +773,7 @@ class SimNode:
         for key in keys:
             out.append(self._get([key]))
             out.append(self._pttl([key]))
+        out.append([])  # the simulator keeps no waiting lines: nobody waits
         return out
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", metavar="{list,release,status}")
         sub.required = True
-        listing = sub.add_parser("list", help="Live lock keys on every node, with holder and ttl.")
+        listing = sub.add_parser("list", help="Live lock keys on every node, with holder, ttl and calls waiting.")
         listing.add_argument("--match", default=None, help="Only resources containing this text.")
         listing.add_argument("--json", action="store_true", help="Machine-readable output.")
         release = sub.add_parser("release", help="Delete a resource's lock key on every node, whoever holds it.")
@@ -52,14 +52,13 @@ class Command(BaseCommand):
             self.stdout.write("No live locks.")
         else:
             width = max(8, *(len(r.resource) for r in records))
-            self.stdout.write(f"{'RESOURCE':<{width}}  {'STATE':<8}  {'NODES':>5}  {'TTL':>8}  HOLDER")
+            self.stdout.write(f"{'RESOURCE':<{width}}  {'STATE':<8}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER")
             for r in records:
                 holder = str(r.holder) if r.holder else "?"
                 nodes = f"{r.nodes_holding}/{r.total}"
                 style = self.style.SUCCESS if r.state == "held" else self.style.WARNING
-                self.stdout.write(
-                    f"{r.resource:<{width}}  {style(f'{r.state:<8}')}  {nodes:>5}  {r.ttl:>7.1f}s  {holder}"
-                )
+                state = style(f"{r.state:<8}")
+                self.stdout.write(f"{r.resource:<{width}}  {state}  {nodes:>5}  {r.ttl:>7.1f}s  {r.waiting:>7}  {holder}")
         for name in down:
             self.stderr.write(self.style.WARNING(f"Node {name} did not answer; its keys are not listed."))
 
@@ -124,8 +123,12 @@ def record_json(record: Any) -> dict[str, Any]:
         "nodes_holding": record.nodes_holding,
         "total": record.total,
         "ttl": record.ttl,
+        "waiting": record.waiting,
         "holder": holder_json(holder),
-        "entries": [{"node": e.node, "ttl": e.ttl, "holder": holder_json(e.holder)} for e in record.entries],
+        "entries": [
+            {"node": e.node, "ttl": e.ttl, "waiting": e.waiting, "holder": holder_json(e.holder)}
+            for e in record.entries
+        ],
         "down": list(record.down),
     }
 
