@@ -118,9 +118,9 @@ class LockRecord:
 
         Each node holding the lock key reports its live places; this is the
         quorum-th highest report (every report, the lowest, when fewer than a
-        quorum of nodes hold the key). A blocking call that just got the lock
-        keeps its place until it releases or the place expires (about 1.5 s),
-        so it may be counted for that moment.
+        quorum of nodes hold the key). A granted vote takes the caller's place
+        out of that node's line; a node that did not grant it keeps the place
+        until the release (or about 1.5 s), so it may be counted there.
         """
         counts = sorted((e.waiting for e in self.entries), reverse=True)
         if not counts:
