@@ -247,17 +247,3 @@ def test_force_release_wakes_the_first_in_line(mgr, servers):
     t.join(5)
     assert got["at"] - forced_at < WAIT_SLICE / 2
     got["lock"].release()
-
-
-def test_a_timeout_without_blocking_is_refused_everywhere(mgr):
-    from django_redlock import redlock
-
-    with pytest.raises(ValueError, match="timeout=2 cannot be used with blocking=False"):
-        mgr.acquire("x", blocking=False, timeout=2)
-    with pytest.raises(ValueError, match="cannot be used with blocking=False"):
-        mgr.lock("x", blocking=False, timeout=2)
-    with pytest.raises(ValueError, match="cannot be used with blocking=False"):
-        redlock("x", timeout=2)  # the view decorator does not block unless asked to
-    with pytest.raises(ValueError, match="cannot be used with blocking=False"):
-        AsyncLockManager(["redis://127.0.0.1:1"]).lock("x", blocking=False, timeout=2)
-    assert mgr.acquire("x", blocking=False, timeout=None).release() is True

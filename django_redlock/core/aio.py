@@ -535,7 +535,7 @@ class AsyncLockManager(ManagerBase):
     async def is_locked(self, resource: str) -> bool:
         key = self.key(resource)
         results = await self._fanout([("PTTL", key)] * len(self.node_list))
-        return base.count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1)) >= self.quorum
+        return base.locked_of(resource, self.node_list, results, self.quorum)
 
     async def force_release(self, resource: str) -> int:
         key = self.key(resource)

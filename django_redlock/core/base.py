@@ -352,6 +352,31 @@ def not_acquired(
     )
 
 
+def locked_of(resource: str, nodes: Sequence[Any], results: Sequence[Any], quorum: int) -> bool:
+    """``is_locked()`` from PTTL replies: a quorum holds a live key (True) or a quorum has none (False).
+
+    Anything in between cannot be told from "free": QuorumUnavailable.
+    """
+    live = count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1))
+    if live >= quorum:
+        return True
+    if count(results, lambda r: isinstance(r, int)) - live >= quorum:
+        return False
+    failures = {
+        (n if isinstance(n, str) else n.name): str(r) for n, r in zip(nodes, results) if isinstance(r, Failure)
+    }
+    detail = "; ".join(f"{name}: {why}" for name, why in failures.items())
+    raise QuorumUnavailable(
+        f"Cannot tell whether {resource!r} is locked: {live} of {len(results)} nodes hold it and too few of "
+        f"the rest answered to rule it out ({detail}).",
+        resource=resource,
+        granted=live,
+        quorum=quorum,
+        total=len(results),
+        failures=failures,
+    )
+
+
 def retry_after_of(results: Sequence[Any], quorum: int) -> float | None:
     """Seconds until fewer than a quorum of nodes hold the key, from PTTL replies."""
     ttls = sorted(

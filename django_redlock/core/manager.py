@@ -182,12 +182,15 @@ class LockManager(ManagerBase):
     # -- inspection and operator actions ----------------------------------
 
     def is_locked(self, resource: str) -> bool:
-        """True when a quorum of nodes hold a live key for ``resource``."""
+        """True when a quorum of nodes hold a live key for ``resource``, False when a quorum has none.
+
+        Raises :class:`~django_redlock.exceptions.QuorumUnavailable` when too
+        few nodes answer to tell (never "free" for "unknown").
+        """
         key = self.key(resource)
         nodes = self.node_list
         results = fanout(nodes, [("PTTL", key)] * len(nodes), timeout=self.config.node_timeout)
-        live = base.count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1))
-        return live >= self.quorum
+        return base.locked_of(resource, nodes, results, self.quorum)
 
     def force_release(self, resource: str) -> int:
         """Delete ``resource``'s lock key on every node, whoever holds it.
