@@ -395,6 +395,7 @@ def main(argv=None) -> dict:
                     "workers": args.workers,
                     "seconds": seconds,
                     "hold_ms": args.hold_ms,
+                    "load_before": os.getloadavg()[0],  # other jobs on the machine skew this scenario most
                     "libraries": {},
                 }
                 results["contention"] = contention
@@ -535,7 +536,9 @@ def rst_contention_table(results: dict) -> str:
         "",
         f"{contention['workers']} worker processes, one key, each holding it {contention['hold_ms']:g} ms per turn, "
         f"{contention['seconds']:g} s per library; {machine['cpus']} CPUs shared by the workers and the "
-        f"redis-servers, Python {machine['python']}, {machine['platform']}.",
+        f"redis-servers, Python {machine['python']}, {machine['platform']}."
+        + (f" 1-minute load average when the run started: {contention['load_before']:.1f}."
+           if "load_before" in contention else ""),
         "",
     ]
     return "\n".join(lines)

@@ -46,8 +46,9 @@ KEY = "profile-handoff"
 
 
 def worker(urls, seconds, hold, barrier, queue, index, rest=0.0):
-    from django_redlock.core import LockManager, manager as manager_module
-    from django_redlock.core.scripts import ACQUIRE, RELEASE
+    from django_redlock.core import LockManager, manager as manager_module, scripts
+
+    acquire_script = getattr(scripts, "ACQUIRE", None)  # absent before the waiting line: a plain SET
 
     rounds: list[tuple[str, float, float]] = []  # (kind, started, returned), wall clock
     real_fanout = manager_module.fanout
@@ -58,10 +59,13 @@ def worker(urls, seconds, hold, barrier, queue, index, rest=0.0):
             return real_fanout(nodes, commands, **options)
         finally:
             script = options.get("script")
-            if script is ACQUIRE:
+            first = next((c for c in commands if c is not None), ("",))
+            if script is not None and script is acquire_script:
                 kind = "wait" if options.get("block") else "vote"
-            elif script is RELEASE:
+            elif script is scripts.RELEASE:
                 kind = "release"
+            elif first[0] == "SET":
+                kind = "vote"
             else:
                 kind = "other"
             rounds.append((kind, started, time.time()))
@@ -198,7 +202,6 @@ def main() -> None:
         "next holder's round returned -> acquire returned",
     )}
     won_by = {"wait": 0, "vote": 0, "other": 0}
-    join_rounds = []
     for r0, who, r1 in releases:
         k = bisect.bisect_right(acquisitions, (r0, float("inf"), 0))
         if k >= len(acquisitions):
@@ -216,8 +219,6 @@ def main() -> None:
             stages["next holder's round returned -> acquire returned"].append(a1 - last[2])
         else:
             last = None
-        if nxt == who:
-            join_rounds.append(len(win))
         if not node_dels or not rel:
             continue
         start = rel[0][1]
