@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-matrix torture simulate bench docs clean
+.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -32,9 +32,14 @@ simulate:  ## the long deterministic simulation of the engine's core: SEEDS rand
 	@$(PY) -m tests.simulation.exhaustive --max-depth 11
 	@$(PY) -m tests.simulation.mutants
 
-bench:  ## benchmarks against pottery, redlock-py and redis-py's Lock
+bench:  ## benchmarks against pottery, redlock-py, redis-py's Lock and python-redis-lock
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/bench.py --iterations 3000 --budget 60 --json docs/benchmarks.json \
+		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
+
+bench-contention:  ## only the contention scenario (8 processes, one key), merged into the docs' results
+	@VENV=$(VENV) sh scripts/setup.sh bench
+	@$(PY) benchmarks/bench.py --only contention --workers 8 --seconds 10 --json docs/benchmarks.json \
 		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
 
 docs:  ## build the docs with warnings as errors

@@ -22,3 +22,40 @@ def test_bench_quick(tmp_path):
     assert row["healthy"]["median_us"] > 0 and row["one_paused"]["median_us"] > 0
     assert row["majority_paused"]["acquired"] is False
     assert row["majority_paused"]["fail_ms"] < 500  # a few node timeouts, not seconds
+
+
+def test_bench_contention_quick(tmp_path):
+    """The contention scenario runs: 4 workers take turns on one key for ~1.5 s; the numbers are sane.
+
+    No timing targets here (the machine may be busy): only that every worker got the lock, that
+    nobody held it while another did, and that the hand-off statistics exist.
+    """
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--only", "contention",
+            "--contention-libraries", "django_redlock,redis-py Lock (1 node) sleep=1 ms",
+            "--workers", "4", "--seconds", "1.5", "--budget", "60",
+            "--json", str(out), "--rst", str(tmp_path / "table.rst"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    contention = json.loads(out.read_text())["contention"]
+    assert contention["workers"] == 4
+    for name in ("django_redlock", "redis-py Lock (1 node) sleep=1 ms"):
+        row = contention["libraries"][name]
+        assert "error" not in row and "timeout_s" not in row, row
+        assert row["overlaps"] == 0  # never two holders at once
+        assert len(row["per_worker"]) == 4 and sum(row["per_worker"]) == row["acquisitions"]
+        assert row["acquisitions"] >= 4 and row["acq_per_s"] > 0
+        assert 0 <= row["same_worker_share"] <= 1
+        assert 0 < row["handoff_p50_ms"] <= row["handoff_p99_ms"]
+        assert row["hold_median_ms"] >= 1.0  # each holder slept its 1 ms
+    # A line that wakes the next waiter serves every worker, not just the last releaser.
+    assert contention["libraries"]["django_redlock"]["per_worker_min"] > 0
+    table = (tmp_path / "table.rst").read_text()
+    assert "hand-off p50" in table and "django_redlock" in table
