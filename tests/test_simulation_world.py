@@ -681,3 +681,41 @@ def test_killed_client_sockets_close_but_sent_bytes_land():
     net.kill_client(client)
     w.run()
     assert conn.state == "closed" and not fired and node.execute(("GET", KEY)) == b"dead"
+
+
+def test_the_real_scripts_answer_as_the_model_does(servers):
+    """The same story of joins, waits, releases and refusals, on a real redis-server and on the model."""
+    import redis as redis_py
+
+    real = redis_py.Redis.from_url(servers[0].url)
+    real.flushall()
+    w, model = make_node()
+    queue = CONFIG.line_keys("r")[1]
+    wake = CONFIG.wake_prefix("r") + "pb"
+    story = [
+        (ACQUIRE, acquire_args("a", "join", "pa", 10)),
+        (ACQUIRE, acquire_args("b", "join", "pb", 20)),
+        (ACQUIRE, acquire_args("c", "once", "pc", 5)),
+        ("ZRANGE", (queue, 0, -1)),
+        (RELEASE, release_args("a", "pa")),
+        ("LLEN", (wake,)),
+        (ACQUIRE, acquire_args("c", "once", "pc", 5)),
+        (ACQUIRE, acquire_args("c", "join", "pc", 30)),
+        (ACQUIRE, acquire_args("x", "wait", "px", 1)),
+        (ACQUIRE, acquire_args("b", "wait", "pb", 20)),
+        ("LLEN", (wake,)),
+        ("ZRANGE", (queue, 0, -1)),
+        (RELEASE, release_args("nope", "")),
+        ("GET", (KEY,)),
+        (RELEASE, release_args("b", "pb")),
+        ("LLEN", (CONFIG.wake_prefix("r") + "pc",)),
+        (ACQUIRE, acquire_args("c", "wait", "pc", 30)),
+        ("EXISTS", (queue,)),
+        (RELEASE, release_args("c", "")),
+        (ACQUIRE, acquire_args("d", "once", "pd", 40)),
+    ]
+    for step, args in story:
+        command = ("EVAL", step.source, *args) if not isinstance(step, str) else (step, *args)
+        expected = model.execute(command)
+        got = real.execute_command(*command)
+        assert got == expected, (command[:1] + command[3:], got, expected)

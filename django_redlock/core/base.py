@@ -276,6 +276,16 @@ def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
     return done
 
 
+def granted_or_all(quorum: int) -> Any:
+    """A ``done`` test for votes of a call that will wait anyway: stop at a quorum of grants, or
+    once every node answered (a failed vote then needs no release on nodes not heard from)."""
+
+    def done(results: list[Any]) -> bool:
+        return None not in results or count(results) >= quorum
+
+    return done
+
+
 def count(results: Sequence[Any], success: Any = is_ok) -> int:
     return sum(1 for r in results if r is not None and not isinstance(r, Failure) and success(r))
 

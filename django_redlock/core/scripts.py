@@ -31,14 +31,19 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
 #   queue  (zset) place -> ticket: the order, the same on every node (the waiter picks its ticket once);
 #   places (zset) place -> expiry in node milliseconds: a place not refreshed in time is forgotten;
 #   wake list  prefix .. place: pushed when the lock may be free and that place is first in line.
-# Forgetting expired places is the first thing both scripts do.
-_FORGET_EXPIRED = """
-local clock = redis.call('time')
-local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
-local expired = redis.call('zrangebyscore', KEYS[3], '-inf', now)
-if #expired > 0 then
-    redis.call('zrem', KEYS[3], unpack(expired))
-    redis.call('zrem', KEYS[2], unpack(expired))
+# Both scripts forget expired places before they read a line (a resource nobody waits for has none).
+_LINE = """
+local function node_ms()
+    local clock = redis.call('time')
+    return clock[1] * 1000 + math.floor(clock[2] / 1000)
+end
+local function forget_expired(now)
+    local expired = redis.call('zrangebyscore', KEYS[3], '-inf', now)
+    if #expired > 0 then
+        redis.call('zrem', KEYS[3], unpack(expired))
+        redis.call('zrem', KEYS[2], unpack(expired))
+    end
+    return redis.call('exists', KEYS[2]) == 1
 end
 """
 
@@ -59,17 +64,24 @@ NOT_FIRST = -2
 # Replies +OK (granted: the place leaves this node's line) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
     "acquire",
-    _FORGET_EXPIRED
+    _LINE
     + """
 local mode = ARGV[3]
+local now = nil
+local line = redis.call('exists', KEYS[2]) == 1
+if line then
+    now = node_ms()
+    line = forget_expired(now)
+end
 if mode == 'wait' then
     redis.call('del', ARGV[7])
-    if not redis.call('zscore', KEYS[3], ARGV[4]) then
+    if not line or not redis.call('zscore', KEYS[3], ARGV[4]) then
         return -1
     end
 end
 local held = redis.call('exists', KEYS[1]) == 1
-if mode ~= 'once' and (held or redis.call('exists', KEYS[2]) == 1) then
+if mode ~= 'once' and (held or line) then
+    now = now or node_ms()
     local life = tonumber(ARGV[6])
     redis.call('zadd', KEYS[2], ARGV[5], ARGV[4])
     redis.call('zadd', KEYS[3], now + life, ARGV[4])
@@ -77,19 +89,19 @@ if mode ~= 'once' and (held or redis.call('exists', KEYS[2]) == 1) then
         redis.call('pexpire', KEYS[2], life)
         redis.call('pexpire', KEYS[3], life)
     end
+    line = true
 end
 if held then
     return 0
 end
-local first = redis.call('zrange', KEYS[2], 0, 0)[1]
-if first and first ~= ARGV[4] then
-    return -2
-end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if first then
+if line then
+    if redis.call('zrange', KEYS[2], 0, 0)[1] ~= ARGV[4] then
+        return -2
+    end
     redis.call('zrem', KEYS[2], ARGV[4])
     redis.call('zrem', KEYS[3], ARGV[4])
 end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.status_reply('OK')
 """,
 )
@@ -101,22 +113,19 @@ return redis.status_reply('OK')
 # the line, and if the lock is now free wake whoever is first in line.
 RELEASE = Script(
     "release",
-    """
+    _LINE
+    + """
 local released = 0
 if redis.call('get', KEYS[1]) == ARGV[1] then
     released = redis.call('del', KEYS[1])
 end
-if ARGV[2] ~= '' then
-    redis.call('zrem', KEYS[2], ARGV[2])
-    redis.call('zrem', KEYS[3], ARGV[2])
-end
-if redis.call('exists', KEYS[1]) == 0 and redis.call('exists', KEYS[2]) == 1 then
-"""
-    + _FORGET_EXPIRED
-    + """
-    local first = redis.call('zrange', KEYS[2], 0, 0)[1]
-    if first then
-        local wake = ARGV[3] .. first
+if redis.call('exists', KEYS[2]) == 1 then
+    if ARGV[2] ~= '' then
+        redis.call('zrem', KEYS[2], ARGV[2])
+        redis.call('zrem', KEYS[3], ARGV[2])
+    end
+    if redis.call('exists', KEYS[1]) == 0 and forget_expired(node_ms()) then
+        local wake = ARGV[3] .. redis.call('zrange', KEYS[2], 0, 0)[1]
         redis.call('rpush', wake, 1)
         redis.call('pexpire', wake, ARGV[4])
     end

@@ -140,7 +140,9 @@ def acquire(
     """
     total = len(names)
     plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW), (yield WALL))
-    done = base.until_outcome(quorum, total)
+    # A non-blocking call stops as soon as the outcome is certain (a lost majority fails in
+    # milliseconds); a call that waits in line hears every node out when it fails.
+    done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)
     while True:
         started = yield NOW  # before the first byte is written: the validity counts from here
         try:
