@@ -540,7 +540,7 @@ class Attempts:
     A blocking call takes a place in every node's waiting line, ordered by a
     ticket it picks once (its wall-clock start), and waits for a wake-up
     between votes; a vote is granted only to the first in line. A
-    non-blocking call never takes a place and is refused while anyone waits.
+    non-blocking call never takes a place; it votes with a plain ``SET NX PX``.
     Used by :func:`django_redlock.core.steps.acquire`; every time is passed in.
     """
 
@@ -592,7 +592,13 @@ class Attempts:
         self.value = self.holder.encode()
 
     def vote(self) -> tuple[Any, ...]:
-        """This attempt's ACQUIRE command (the same for every node)."""
+        """This attempt's vote (the same for every node).
+
+        A call that does not wait votes with a plain ``SET NX PX``: it takes a
+        free lock and never touches the line. One that waits runs ACQUIRE.
+        """
+        if self.mode == "once":
+            return set_command(self.key, self.value, self.ttl)
         life = ms(self.slice + PLACE_MARGIN)
         args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, self.wake)
         return script_command(ACQUIRE, (self.key, self.queue, self.places), args)
@@ -612,8 +618,11 @@ class Attempts:
         return count(results) >= quorum and self.validity > 0
 
     def unsure(self) -> list[bool]:
-        """Per node: may this attempt's value be set there (granted, or no definite answer)?"""
-        return [not (definite(r) and type(r) is int) for r in self.results]
+        """Per node: may this attempt's value be set there (granted, or no definite answer)?
+
+        A refusal is definite: nil from ``SET NX``, an integer from ACQUIRE.
+        """
+        return [not (r is None or type(r) is int) for r in self.results]
 
     def next_vote(self, quorum: int, now: float) -> float | None:
         """After a failed attempt: None to give up, else seconds to sleep before the next vote.

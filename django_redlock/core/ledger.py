@@ -92,6 +92,8 @@ def pair_of(command: Sequence[Any]) -> tuple[str, str]:
 
 def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: bytes | None = None) -> Entry:
     """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
+    if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
+        return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
     if kind == SET:  # ACQUIRE: KEYS lock, queue, places; ARGV value, ttl ms, ...
         key, value = pair_of(command)
         return Entry(SET, key, value, command[7] / 1000.0, waiter, retry)

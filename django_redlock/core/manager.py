@@ -123,8 +123,8 @@ class LockManager(ManagerBase):
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
-        ``blocking=False`` makes one attempt and never waits; it is refused
-        while others wait in line for the lock. ``blocking=True`` waits in
+        ``blocking=False`` makes one attempt (a plain ``SET NX PX`` on every
+        node) and never waits. ``blocking=True`` waits in
         line: the call takes a place in every node's line for ``resource``,
         is woken when the holder releases, and is granted in the order
         callers came (see :doc:`safety`). It waits up to ``timeout`` seconds,

@@ -328,7 +328,9 @@ class Round:
         self.done = done
         self.script = script
         self.is_release = script is RELEASE
-        self.kind = ledger.RELEASE if self.is_release else ledger.SET if script is ACQUIRE else ledger.OTHER
+        first = next((c for c in commands if c is not None), None)
+        is_vote = script is ACQUIRE or (first is not None and first[0] == "SET")
+        self.kind = ledger.RELEASE if self.is_release else ledger.SET if is_vote else ledger.OTHER
         self.block = block
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging

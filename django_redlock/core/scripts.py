@@ -32,19 +32,16 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
 #   places (zset) place -> expiry in node milliseconds: a place not refreshed in time is forgotten;
 #   wake list  prefix .. place: pushed when the lock may be free and that place is first in line.
 # Both scripts forget expired places before they read a line (a resource nobody waits for has none).
-_LINE = """
-local function node_ms()
+# Forget the places in line whose expiry (node ms) has passed; sets ``line`` to whether anyone waits.
+_FORGET_EXPIRED = """
     local clock = redis.call('time')
-    return clock[1] * 1000 + math.floor(clock[2] / 1000)
-end
-local function forget_expired(now)
+    now = clock[1] * 1000 + math.floor(clock[2] / 1000)
     local expired = redis.call('zrangebyscore', KEYS[3], '-inf', now)
     if #expired > 0 then
         redis.call('zrem', KEYS[3], unpack(expired))
         redis.call('zrem', KEYS[2], unpack(expired))
+        line = redis.call('exists', KEYS[2]) == 1
     end
-    return redis.call('exists', KEYS[2]) == 1
-end
 """
 
 #: Reply of ACQUIRE when the lock is held by another value.
@@ -58,20 +55,20 @@ NOT_FIRST = -2
 # ARGV[1] holder value, ARGV[2] ttl ms, ARGV[3] mode, ARGV[4] place, ARGV[5] ticket,
 # ARGV[6] place lifetime ms, ARGV[7] the place's wake list.
 # SET key value NX PX ttl, and only for the first in line:
-#   "once": no place; refused while anyone waits;
+#   "once": no place; refused while anyone waits (the engine's non-blocking calls send a plain SET NX PX);
 #   "join": take (or refresh) a place at ARGV[5] (not needed when the lock is free and nobody waits), then vote;
 #   "wait": sent right behind a BLPOP on the wake list; votes only if the place still exists.
 # Replies +OK (granted: the place leaves this node's line) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
     "acquire",
-    _LINE
-    + """
+    """
 local mode = ARGV[3]
 local now = nil
 local line = redis.call('exists', KEYS[2]) == 1
 if line then
-    now = node_ms()
-    line = forget_expired(now)
+"""
+    + _FORGET_EXPIRED
+    + """
 end
 if mode == 'wait' then
     redis.call('del', ARGV[7])
@@ -81,7 +78,10 @@ if mode == 'wait' then
 end
 local held = redis.call('exists', KEYS[1]) == 1
 if mode ~= 'once' and (held or line) then
-    now = now or node_ms()
+    if not now then
+        local clock = redis.call('time')
+        now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+    end
     local life = tonumber(ARGV[6])
     redis.call('zadd', KEYS[2], ARGV[5], ARGV[4])
     redis.call('zadd', KEYS[3], now + life, ARGV[4])
@@ -101,8 +101,7 @@ if line then
     redis.call('zrem', KEYS[2], ARGV[4])
     redis.call('zrem', KEYS[3], ARGV[4])
 end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return redis.status_reply('OK')
+return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """,
 )
 
@@ -113,18 +112,23 @@ return redis.status_reply('OK')
 # the line, and if the lock is now free wake whoever is first in line.
 RELEASE = Script(
     "release",
-    _LINE
-    + """
+    """
 local released = 0
 if redis.call('get', KEYS[1]) == ARGV[1] then
     released = redis.call('del', KEYS[1])
 end
-if redis.call('exists', KEYS[2]) == 1 then
-    if ARGV[2] ~= '' then
-        redis.call('zrem', KEYS[2], ARGV[2])
-        redis.call('zrem', KEYS[3], ARGV[2])
-    end
-    if redis.call('exists', KEYS[1]) == 0 and forget_expired(node_ms()) then
+local line = redis.call('exists', KEYS[2]) == 1
+if line and ARGV[2] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[2])
+    redis.call('zrem', KEYS[3], ARGV[2])
+    line = redis.call('exists', KEYS[2]) == 1
+end
+if line and redis.call('exists', KEYS[1]) == 0 then
+    local now
+"""
+    + _FORGET_EXPIRED
+    + """
+    if line then
         local wake = ARGV[3] .. redis.call('zrange', KEYS[2], 0, 0)[1]
         redis.call('rpush', wake, 1)
         redis.call('pexpire', wake, ARGV[4])

@@ -151,7 +151,7 @@ def acquire(
                 [plan.vote()] * total,
                 timeout=config.node_timeout + wait + SERVER_TICK if wait else None,
                 done=done,
-                script=ACQUIRE,
+                script=ACQUIRE if plan.mode != "once" else None,
                 allow_lagging=False,
                 restart_window=plan.window,
                 block=(plan.wake, wait) if wait else None,

@@ -393,8 +393,13 @@ class SimClient:
 def vote_of(effect: Any) -> tuple[Any, ...] | None:
     """The ACQUIRE command of an acquire step's vote (EVALSHA sha 3 lock queue places value ttl mode place
     ticket life wake), or None for any other effect."""
-    if type(effect) is steps.Fan and effect.script is ACQUIRE:
-        return next((c for c in effect.commands if c is not None), None)
+    if type(effect) is not steps.Fan:
+        return None
+    command = next((c for c in effect.commands if c is not None), None)
+    if effect.script is ACQUIRE:
+        return command
+    if command is not None and command[0] == "SET":  # a non-blocking call's plain SET NX PX, in that shape
+        return ("EVALSHA", ACQUIRE.sha, 3, command[1], "", "", command[2], command[5], "once", "", 0, 0, "")
     return None
 
 
