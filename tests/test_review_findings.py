@@ -31,9 +31,14 @@ def test_release_is_ordered_after_its_own_set(servers):
                 p.delay_replies = 0.2
             pc.hold_requests()
 
+            stage_error = []
+
             def let_x_through():
-                pc.wait_held(lambda held: b"EVALSHA" in held)  # B's vote V2 frozen on connection Y
-                pc.pass_requests()  # X flows again, Y stays frozen
+                try:
+                    pc.wait_held(lambda held: b"SET" in held)  # B's vote V2 (SET NX PX) frozen on connection Y
+                    pc.pass_requests()  # X flows again, Y stays frozen
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    stage_error.append(exc)
 
             t = threading.Thread(target=let_x_through)
             t.start()
@@ -43,6 +48,7 @@ def test_release_is_ordered_after_its_own_set(servers):
             except LockNotAcquired:
                 pass
             t.join()
+            assert not stage_error, stage_error
             for p in proxies[:2]:
                 p.delay_replies = 0.0
             await a.release()
