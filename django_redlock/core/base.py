@@ -474,7 +474,8 @@ class Scan:
         self.page_keys: list[list[str]] = []
         self.holders: dict[bytes, Holder] = {}
         # INSPECT names each resource's places zset from these heads.
-        self.heads = (f"{config.key_prefix}lock:", f"{config.key_prefix}places:")
+        lock_head, _, places_head = config.line_keys("")
+        self.heads = (lock_head, places_head)
 
     @property
     def running(self) -> bool:

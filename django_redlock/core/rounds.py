@@ -107,6 +107,11 @@ class ConnState:
         self.quiet_until = 0.0
 
 
+def quiet_for(block: tuple[str, float]) -> float:
+    """How long a wait in line (``BLPOP wake seconds``) may hold the replies behind it back."""
+    return block[1] + SERVER_TICK
+
+
 def overdue(conn: Any, since: float, now: float) -> float:
     """How long ``conn``'s replies have been overdue (not counting a wait in line)."""
     return now - max(since, conn.quiet_until)
@@ -224,7 +229,7 @@ class NodeBooks:
             wake, seconds = block
             extra.append(("BLPOP", wake, f"{seconds:.3f}"))
             expect.append(Entry(ledger.WAKE))
-            conn.quiet_until = max(conn.quiet_until, now + seconds + SERVER_TICK)
+            conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
         if mine.kind == ledger.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
         expect.append(mine)
@@ -324,7 +329,8 @@ class Round:
         self.books = books
         self.commands = commands
         self.sent_at = now
-        self.timeout = timeout
+        if block is not None:
+            timeout += quiet_for(block)  # each node's vote comes after its wait in line
         self.done = done
         self.script = script
         self.is_release = script is RELEASE
@@ -339,6 +345,7 @@ class Round:
         self.results: list[Any] = [None] * len(books)
         self.waiting: dict[Entry, tuple[int, Any]] = {}  # our entry -> (node index, connection)
         self._mine: list[Entry | None] = [None] * len(books)  # node index -> the entry write() booked
+        self.timeout = timeout
         self.deadline = now + timeout
         self.grace = False
         self.changed = True  # results moved since ``done`` was last asked

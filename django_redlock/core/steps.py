@@ -22,7 +22,6 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.rounds import SERVER_TICK
 from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, RELEASE, Script
 
 __all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
@@ -146,15 +145,13 @@ def acquire(
     while True:
         started = yield NOW  # before the first byte is written: the validity counts from here
         try:
-            wait = plan.slice if plan.mode == "wait" else 0.0
             results = yield Fan(
                 [plan.vote()] * total,
-                timeout=config.node_timeout + wait + SERVER_TICK if wait else None,
                 done=done,
                 script=ACQUIRE if plan.mode != "once" else None,
                 allow_lagging=False,
                 restart_window=plan.window,
-                block=(plan.wake, wait) if wait else None,
+                block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
             )
             if plan.won(results, started, quorum, (yield NOW)):
                 return plan
