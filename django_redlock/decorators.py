@@ -301,7 +301,7 @@ def _release_async_lock_sync(lock: Any) -> None:
     from django_redlock.manager import get_lock_manager
 
     if lock._start_release():
-        lock._judge_release(get_lock_manager()._release_keys(lock.resource, lock.value, place=lock._place))
+        lock._judge_release(get_lock_manager()._release_keys(lock.resources, lock.value, place=lock._place))
 
 
 def _start_async_keeper(lock: Any) -> Any:

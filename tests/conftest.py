@@ -47,6 +47,14 @@ def manager(servers):
 
 
 @pytest.fixture
+def mgr(servers):
+    """A manager with the default retries: blocking calls wait in line."""
+    m = LockManager(servers.urls, ttl=10.0, node_timeout=0.05, restart_window=0)
+    yield m
+    m.close()
+
+
+@pytest.fixture
 def redlock_settings(settings, servers):
     """Point REDLOCK_NODES at the five test masters."""
     settings.REDLOCK_NODES = servers.urls

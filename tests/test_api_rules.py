@@ -7,13 +7,6 @@ import pytest
 from django_redlock.core import AsyncLockManager, LockManager
 
 
-@pytest.fixture
-def mgr(servers):
-    m = LockManager(servers.urls, ttl=10.0, node_timeout=0.05, restart_window=0)
-    yield m
-    m.close()
-
-
 def test_a_timeout_without_blocking_is_refused_everywhere(mgr):
     from django_redlock import redlock
 

@@ -38,7 +38,7 @@ CONFIG = ManagerConfig()
 
 def release_args(value, place="", resource="r"):
     """KEYS and ARGV of the engine's RELEASE script (after EVAL/EVALSHA and the source or sha)."""
-    return CONFIG.release_command(resource, value, place)[2:]
+    return CONFIG.release_command((resource,), value, place)[2:]
 
 
 def acquire_args(value, mode, place, ticket, ttl_ms=1000, life_ms=1500, resource="r"):

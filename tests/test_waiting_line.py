@@ -45,13 +45,6 @@ def in_line(servers, resource, count):
     wait_for(lambda: all(n >= count for n in places(servers, resource)), what=f"{count} in line")
 
 
-@pytest.fixture
-def mgr(servers):
-    m = LockManager(servers.urls, ttl=10.0, node_timeout=0.05, restart_window=0)
-    yield m
-    m.close()
-
-
 def test_a_waiter_is_woken_by_the_release_not_by_polling(mgr, servers):
     holder = mgr.acquire("woken")
     got = {}

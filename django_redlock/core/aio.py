@@ -24,7 +24,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from django_redlock.core import base, steps
-from django_redlock.core.base import Scan
+from django_redlock.core.base import Resources, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
 from django_redlock.core.nodes import Node, describe, pack
@@ -208,7 +208,7 @@ async def afanout(
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
     owe: tuple[str, str, float] | None = None,
-    block: tuple[str, float] | None = None,
+    block: tuple[tuple[str, ...], float] | None = None,
 ) -> list[Any]:
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
     now = time.monotonic()
@@ -315,7 +315,7 @@ class AsyncLock(LockBase):
         if not self._start_release():
             return False
         self.manager._forget(self)
-        results = await self.manager._release_keys(self.resource, self.value, place=self._place)
+        results = await self.manager._release_keys(self.resources, self.value, place=self._place)
         return self._judge_release(results)
 
     async def owned(self) -> bool:
@@ -329,10 +329,10 @@ class AsyncLock(LockBase):
         return held
 
     async def _read_values(self) -> list[Any]:
-        """GET the key on every node, in one fan-out."""
+        """Read the keys on every node, in one fan-out."""
         total = len(self.manager.node_list)
         return await self.manager._fanout(
-            [("GET", self.key)] * total,
+            [self._read_command()] * total,
             done=base.until_outcome(self.manager.quorum, total, self._is_ours),
         )
 
@@ -469,7 +469,7 @@ class AsyncLockManager(ManagerBase):
 
     async def acquire(
         self,
-        resource: str,
+        resource: Resources,
         ttl: float | None = None,
         *,
         blocking: bool = True,
@@ -517,7 +517,7 @@ class AsyncLockManager(ManagerBase):
 
     def lock(
         self,
-        resource: str,
+        resource: Resources,
         ttl: float | None = None,
         *,
         blocking: bool = True,
@@ -541,7 +541,7 @@ class AsyncLockManager(ManagerBase):
         key = self.key(resource)
         timeout = max(self.config.node_timeout, 0.5)
         results = await self._fanout([("DEL", key)] * len(self.node_list), timeout)
-        wake = self.config.release_command(resource, "")  # wake whoever waits in line
+        wake = self.config.release_command((resource,), "")  # wake whoever waits in line
         await self._fanout([wake] * len(self.node_list), timeout, script=RELEASE)
         return base.count(results, lambda r: r == 1)
 
@@ -582,19 +582,17 @@ class AsyncLockManager(ManagerBase):
 
     # -- internals used by AsyncLock -------------------------------------
 
-    async def _release_keys(self, resource: str, value: str, ttl: float | None = None, place: str = "") -> list[Any]:
+    async def _release_keys(
+        self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
+    ) -> list[Any]:
         """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
-        fan = steps.release_fan(self.config, len(self.node_list), resource, value, ttl, place)
+        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place)
         try:
             result: list[Any] = await self._perform(fan)
         except asyncio.CancelledError:
             await self._perform(steps.Background(fan))
             raise
         return result
-
-    async def _retry_after(self, key: str) -> float | None:
-        results = await self._fanout([("PTTL", key)] * len(self.node_list), allow_lagging=False)
-        return base.retry_after_of(results, self.quorum)
 
     async def _fence(self, lock: AsyncLock) -> int:
         token: int = await self._run(steps.fence(lock, self.config, self.quorum, len(self.node_list)))

@@ -10,24 +10,29 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder, LockRecord, NodeEntry
-from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, script_command
+from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, Script, script_command
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
     from django_redlock.core.lock import LockBase
 
-__all__ = ["Hooks", "ManagerConfig"]
+__all__ = ["Hooks", "ManagerConfig", "Resources"]
+
+#: What ``acquire()`` and ``lock()`` take: one resource, or several to lock together.
+Resources = str | Iterable[str]
 
 #: Fixed part of the drift allowance (the spec's "2 milliseconds").
 DRIFT_CONSTANT = 0.002
 #: The longest ttl any client may use unless configured otherwise (seconds).
 DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
+#: The most resources one lock may take at once (all or nothing).
+MAX_RESOURCES = 1000
 TOKEN_BYTES = 20
 #: The longest single wait in line: a waiter votes again at least this often.
 WAIT_SLICE = 0.5
@@ -80,6 +85,28 @@ def check_resource(resource: Any) -> str:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in resource):
         raise ValueError("resource must not contain control characters.")
     return resource
+
+
+def check_resources(resources: Any) -> tuple[str, ...]:
+    """One resource (a string) or several (an iterable of strings): sorted, each once."""
+    if isinstance(resources, str):
+        return (check_resource(resources),)
+    if isinstance(resources, (bytes, bytearray)) or not hasattr(resources, "__iter__"):
+        raise ValueError(
+            f"resource must be a non-empty string, or a list of them to lock several at once; "
+            f"got {type(resources).__name__}."
+        )
+    names = sorted({check_resource(r) for r in resources})
+    if not names:
+        raise ValueError("resources must name at least one resource; got an empty collection.")
+    if len(names) > MAX_RESOURCES:
+        raise ValueError(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
+    return tuple(names)
+
+
+def name_of(resources: Sequence[str]) -> str:
+    """How a lock on ``resources`` is named in messages, hooks and signals."""
+    return ", ".join(resources)
 
 
 def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
@@ -191,17 +218,22 @@ class ManagerConfig:
         return f"{self.key_prefix}lock:{resource}"
 
     def line_keys(self, resource: str) -> tuple[str, str, str]:
-        """The lock key, the waiting line's order and its places (the scripts' KEYS)."""
+        """The lock key, the waiting line's order and its places."""
         prefix = self.key_prefix
         return f"{prefix}lock:{resource}", f"{prefix}queue:{resource}", f"{prefix}places:{resource}"
+
+    def script_keys(self, resources: Sequence[str]) -> list[str]:
+        """ACQUIRE's and RELEASE's KEYS: the line keys of each resource, in threes."""
+        return [key for resource in resources for key in self.line_keys(resource)]
 
     def wake_prefix(self, resource: str) -> str:
         return f"{self.key_prefix}wake:{resource}:"
 
-    def release_command(self, resource: str, value: str, place: str = "") -> tuple[Any, ...]:
-        """Compare-and-delete ``value``, leave the line with ``place``, wake the first waiter."""
+    def release_command(self, resources: Sequence[str], value: str, place: str = "") -> tuple[Any, ...]:
+        """Compare-and-delete ``value``, leave the lines with ``place``, wake the first waiter of each."""
         life = ms(WAIT_SLICE + PLACE_MARGIN)
-        return script_command(RELEASE, self.line_keys(resource), (value, place, self.wake_prefix(resource), life))
+        prefixes = [self.wake_prefix(resource) for resource in resources]
+        return script_command(RELEASE, self.script_keys(resources), (value, place, life, *prefixes))
 
     def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
         """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
@@ -399,11 +431,14 @@ def retry_after_of(results: Sequence[Any], quorum: int) -> float | None:
 
 
 def fence_value(reply: Any) -> int | None:
-    """Parse a fencing counter reply; ``None`` for failures, 0 for a missing key."""
+    """Parse a fencing counter reply (GET, or MGET: the highest); ``None`` for failures, 0 for a missing key."""
     if isinstance(reply, Failure):
         return None
     if reply is None:
         return 0
+    if isinstance(reply, list):
+        values = [fence_value(r) for r in reply]
+        return None if not values or None in values else max(values)  # type: ignore[type-var]
     try:
         return int(reply)
     except (TypeError, ValueError):
@@ -557,12 +592,16 @@ class Attempts:
         wall: int,
     ) -> None:
         self.config = config
-        self.resource = check_resource(resource)
+        #: The resources, sorted (several are taken all or nothing), and the name messages use.
+        self.resources = check_resources(resource)
+        self.resource = name_of(self.resources)
         self.ttl = config.lock_ttl(ttl, config.ttl)
         self.timeout = check_wait(blocking, timeout)
         self.blocking = blocking
         self.label = label if label is not None else config.label
-        self.key, self.queue, self.places = config.line_keys(self.resource)
+        self.keys = tuple(config.key(r) for r in self.resources)
+        self.key = self.keys[0]
+        self.line = config.script_keys(self.resources)
         self.window = config.restart_window
         self._new_holder()
         self.begun = now
@@ -579,7 +618,8 @@ class Attempts:
         #: This call's place in every node's line, and its ticket (the order; ties go by place).
         self.place = self.holder.token
         self.ticket = wall
-        self.wake = config.wake_prefix(self.resource) + self.place
+        #: The wake list of this place in each resource's line.
+        self.wake = tuple(config.wake_prefix(r) + self.place for r in self.resources)
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0
         self.attempts = 0
@@ -592,17 +632,40 @@ class Attempts:
         self.holder = self.config.make_holder(self.label)
         self.value = self.holder.encode()
 
+    @property
+    def script(self) -> Script | None:
+        """The script the votes run (None: a plain ``SET``)."""
+        return None if self.mode == "once" and len(self.keys) == 1 else ACQUIRE
+
     def vote(self) -> tuple[Any, ...]:
         """This attempt's vote (the same for every node).
 
-        A call that does not wait votes with a plain ``SET NX PX``: it takes a
-        free lock and never touches the line. One that waits runs ACQUIRE.
+        A call on one resource that does not wait votes with a plain ``SET NX
+        PX``: it takes a free lock and never touches the line. The others run
+        ACQUIRE (several resources are set all or nothing on each node).
         """
-        if self.mode == "once":
+        if self.script is None:
             return set_command(self.key, self.value, self.ttl)
         life = ms(self.slice + PLACE_MARGIN)
-        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, self.wake)
-        return script_command(ACQUIRE, (self.key, self.queue, self.places), args)
+        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake)
+        return script_command(ACQUIRE, self.line, args)
+
+    def ttl_command(self) -> tuple[tuple[Any, ...], Script | None]:
+        """What to ask each node after giving up, for :meth:`retry_after` (and the script it runs)."""
+        if len(self.keys) == 1:
+            return ("PTTL", self.key), None
+        return script_command(INSPECT, self.keys, self.config.line_keys("")[::2]), INSPECT
+
+    def retry_after(self, replies: Sequence[Any], quorum: int) -> float | None:
+        """Seconds until every resource may be free, from the replies to :meth:`ttl_command`."""
+        if len(self.keys) == 1:
+            return retry_after_of(replies, quorum)
+        waits = [
+            retry_after_of([r[2 * j + 1] if isinstance(r, list) else r for r in replies], quorum)
+            for j in range(len(self.keys))
+        ]
+        known = [w for w in waits if w is not None]
+        return max(known) if known else None
 
     def won(self, results: Sequence[Any], started: float, quorum: int, now: float) -> bool:
         """Judge an attempt: a quorum said yes and validity is left after drift.

@@ -94,9 +94,9 @@ def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: bytes | Non
     """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
     if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
         return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
-    if kind == SET:  # ACQUIRE: KEYS lock, queue, places; ARGV value, ttl ms, ...
+    if kind == SET:  # ACQUIRE: KEYS in threes (lock, queue, places); ARGV value, ttl ms, ...
         key, value = pair_of(command)
-        return Entry(SET, key, value, command[7] / 1000.0, waiter, retry)
+        return Entry(SET, key, value, command[4 + command[2]] / 1000.0, waiter, retry)
     if kind == RELEASE:
         key, value = pair_of(command)
         return Entry(RELEASE, key, value, waiter=waiter, retry=retry)

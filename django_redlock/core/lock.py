@@ -25,7 +25,7 @@ class LockBase:
     def __init__(
         self,
         manager: Any,
-        resource: str,
+        resources: tuple[str, ...],
         holder: Holder,
         ttl: float,
         started: float,
@@ -34,10 +34,14 @@ class LockBase:
         self.manager = manager
         # The acquire call's place in the nodes' waiting lines: the release leaves it.
         self._place = place
-        #: The name callers lock, e.g. ``"invoice-42"``.
-        self.resource = resource
-        #: The Redis key on every node.
-        self.key: str = manager.config.key(resource)
+        #: The resources held, sorted: one, or several taken all or nothing.
+        self.resources = resources
+        #: The name callers lock, e.g. ``"invoice-42"`` (several: ``"invoice-1, invoice-2"``).
+        self.resource = base.name_of(resources)
+        #: The Redis key of each resource, on every node.
+        self.keys: tuple[str, ...] = tuple(manager.config.key(r) for r in resources)
+        #: The Redis key of the (first) resource.
+        self.key: str = self.keys[0]
         #: Who holds it (token, host, pid, label).
         self.holder = holder
         #: The value stored on the nodes (the encoded holder).
@@ -101,7 +105,13 @@ class LockBase:
         return True
 
     def _is_ours(self, reply: Any) -> bool:
+        """A node's read (see :meth:`_read_command`) shows this holder's value on every key."""
+        if type(reply) is list:
+            return all(self._is_ours(r) for r in reply)
         return reply == self.value.encode() or reply == self.value
+
+    def _read_command(self) -> tuple[Any, ...]:
+        return ("GET", self.key) if len(self.keys) == 1 else ("MGET", *self.keys)
 
     def _gone_from_quorum(self, gone: int) -> bool:
         """True when ``gone`` nodes answering "not ours" leave too few to make a quorum."""
@@ -278,7 +288,7 @@ class Lock(LockBase):
         if not self._start_release():
             return False
         self.manager._forget(self)
-        results = self.manager._release_keys(self.resource, self.value, place=self._place)
+        results = self.manager._release_keys(self.resources, self.value, place=self._place)
         return self._judge_release(results)
 
     def owned(self) -> bool:
@@ -300,11 +310,11 @@ class Lock(LockBase):
         return held
 
     def _read_values(self) -> list[Any]:
-        """GET the key on every node, in one fan-out."""
+        """Read the keys on every node, in one fan-out."""
         nodes = self.manager.node_list
         return fanout(
             nodes,
-            [("GET", self.key)] * len(nodes),
+            [self._read_command()] * len(nodes),
             timeout=self.manager.config.node_timeout,
             done=base.until_outcome(self.manager.quorum, len(nodes), self._is_ours),
         )
@@ -352,14 +362,14 @@ class ContextBase:
     def __init__(
         self,
         manager: Any,
-        resource: str,
+        resource: Any,
         kwargs: dict[str, Any],
         auto_extend: bool,
         max_hold: float | None,
         on_lost: Callable[[Any], Any] | None,
     ) -> None:
         self.manager = manager
-        self.resource = resource
+        self.resource = base.check_resources(resource)
         self.kwargs = kwargs
         self.auto_extend = auto_extend
         self.max_hold = base.check_seconds(max_hold, "max_hold", allow_none=True)

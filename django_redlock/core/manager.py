@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django_redlock.core import base, steps
-from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Scan, check_resource, quorum_of
+from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
@@ -80,7 +80,7 @@ class ManagerBase:
 
     def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
-        lock = lock_class(self, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
+        lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
 
@@ -114,7 +114,7 @@ class LockManager(ManagerBase):
 
     def acquire(
         self,
-        resource: str,
+        resource: Resources,
         ttl: float | None = None,
         *,
         blocking: bool = True,
@@ -122,6 +122,12 @@ class LockManager(ManagerBase):
         label: str | None = None,
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
+
+        ``resource`` is a name, or a list of names to take together, all or
+        nothing: every node sets all of them or none, so the lock holds them
+        all with one validity, one extension and one release. Overlapping
+        sets never deadlock, and each member stays exclusive with locks on it
+        alone.
 
         ``blocking=False`` makes one attempt (a plain ``SET NX PX`` on every
         node) and never waits. ``blocking=True`` waits in
@@ -158,7 +164,7 @@ class LockManager(ManagerBase):
 
     def lock(
         self,
-        resource: str,
+        resource: Resources,
         ttl: float | None = None,
         *,
         blocking: bool = True,
@@ -202,7 +208,7 @@ class LockManager(ManagerBase):
         timeout = max(self.config.node_timeout, 0.5)
         results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=timeout)
         # Wake whoever waits in line (a release of no value: nothing else is touched).
-        fanout(nodes, [self.config.release_command(resource, "")] * len(nodes), timeout=timeout, script=RELEASE)
+        fanout(nodes, [self.config.release_command((resource,), "")] * len(nodes), timeout=timeout, script=RELEASE)
         return base.count(results, lambda r: r == 1)
 
     def live_locks(self, match: str | None = None) -> Iterator[LockRecord]:
@@ -251,16 +257,13 @@ class LockManager(ManagerBase):
 
     # -- internals used by Lock -----------------------------------------
 
-    def _release_keys(self, resource: str, value: str, ttl: float | None = None, place: str = "") -> list[Any]:
+    def _release_keys(
+        self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
+    ) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
-        fan = steps.release_fan(self.config, len(self.node_list), resource, value, ttl, place)
+        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place)
         result: list[Any] = self._perform(fan)
         return result
-
-    def _retry_after(self, key: str) -> float | None:
-        nodes = self.node_list
-        results = fanout(nodes, [("PTTL", key)] * len(nodes), timeout=self.config.node_timeout, allow_lagging=False)
-        return base.retry_after_of(results, self.quorum)
 
     def _fence(self, lock: Lock) -> int:
         token: int = steps.run_sync(steps.fence(lock, self.config, self.quorum, len(self.node_list)), self._perform)

@@ -647,7 +647,7 @@ def fanout(
     timings: list[float | None] | None = None,
     restart_window: float = 0.0,
     owe: tuple[str, str, float] | None = None,
-    block: tuple[str, float] | None = None,
+    block: tuple[tuple[str, ...], float] | None = None,
 ) -> list[Any]:
     """Run one :class:`~django_redlock.core.rounds.Round` on real sockets: write everything, then poll.
 

@@ -107,7 +107,7 @@ class ConnState:
         self.quiet_until = 0.0
 
 
-def quiet_for(block: tuple[str, float]) -> float:
+def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
     """How long a wait in line (``BLPOP wake seconds``) may hold the replies behind it back."""
     return block[1] + SERVER_TICK
 
@@ -212,7 +212,7 @@ class NodeBooks:
         self.ledger.owe(key, value, now + ttl + self.stale_limit, now, ("EVAL", RELEASE.source, *command[2:]))
 
     def prepare(
-        self, conn: Any, mine: Entry, window: float, now: float, block: tuple[str, float] | None = None
+        self, conn: Any, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None
     ) -> list[Command]:
         """Commands to send before ``mine`` (debts due, a restart probe, a wait in line); books them all."""
         expect = conn.expect
@@ -226,8 +226,8 @@ class NodeBooks:
             conn.probing = True
             expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
         if block is not None:
-            wake, seconds = block
-            extra.append(("BLPOP", wake, f"{seconds:.3f}"))
+            wakes, seconds = block
+            extra.append(("BLPOP", *wakes, f"{seconds:.3f}"))
             expect.append(Entry(ledger.WAKE))
             conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
         if mine.kind == ledger.SET:
@@ -324,7 +324,7 @@ class Round:
         restart_window: float = 0.0,
         timings: list[float | None] | None = None,
         owe: tuple[str, str, float] | None = None,
-        block: tuple[str, float] | None = None,
+        block: tuple[tuple[str, ...], float] | None = None,
     ) -> None:
         self.books = books
         self.commands = commands

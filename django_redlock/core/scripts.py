@@ -31,63 +31,84 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
 #   queue  (zset) place -> ticket: the order, the same on every node (the waiter picks its ticket once);
 #   places (zset) place -> expiry in node milliseconds: a place not refreshed in time is forgotten;
 #   wake list  prefix .. place: pushed when the lock may be free and that place is first in line.
-# Both scripts forget expired places before they read a line (a resource nobody waits for has none).
-# Forget the places in line whose expiry (node ms) has passed; sets ``line`` to whether anyone waits.
-_FORGET_EXPIRED = """
-    local clock = redis.call('time')
-    now = clock[1] * 1000 + math.floor(clock[2] / 1000)
-    local expired = redis.call('zrangebyscore', KEYS[3], '-inf', now)
-    if #expired > 0 then
-        redis.call('zrem', KEYS[3], unpack(expired))
-        redis.call('zrem', KEYS[2], unpack(expired))
-        line = redis.call('exists', KEYS[2]) == 1
+# ACQUIRE and RELEASE take one or more resources (several: all or nothing), as KEYS in threes:
+#   KEYS[i] lock key, KEYS[i + 1] queue, KEYS[i + 2] places, for i = 1, 4, 7, ...
+# Both forget expired places before they read a line (a resource nobody waits for has none).
+_LINE = """
+local now
+-- The node's clock in milliseconds, read once per script and only when a line is read.
+local function clock()
+    if not now then
+        local t = redis.call('time')
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
     end
+    return now
+end
+-- Forget the places in line whose expiry has passed; true while anyone waits.
+local function waiting(queue, places)
+    if redis.call('exists', queue) == 0 then
+        return false
+    end
+    local expired = redis.call('zrangebyscore', places, '-inf', clock())
+    if #expired > 0 then
+        redis.call('zrem', places, unpack(expired))
+        redis.call('zrem', queue, unpack(expired))
+        return redis.call('exists', queue) == 1
+    end
+    return true
+end
 """
 
-#: Reply of ACQUIRE when the lock is held by another value.
+#: Reply of ACQUIRE when a lock is held by another value.
 HELD = 0
 #: Reply of ACQUIRE in "wait" mode when the waiter's place is gone (expired, or the call left).
 NO_PLACE = -1
-#: Reply of ACQUIRE when the lock is free but another waiter is first in line.
+#: Reply of ACQUIRE when the locks are free but another waiter is first in a line.
 NOT_FIRST = -2
 
-# KEYS[1] lock key, KEYS[2] queue, KEYS[3] places.
+# KEYS in threes (see above).
 # ARGV[1] holder value, ARGV[2] ttl ms, ARGV[3] mode, ARGV[4] place, ARGV[5] ticket,
-# ARGV[6] place lifetime ms, ARGV[7] the place's wake list.
-# SET key value NX PX ttl, and only for the first in line:
-#   "once": no place; refused while anyone waits (the engine's non-blocking calls send a plain SET NX PX);
-#   "join": take (or refresh) a place at ARGV[5] (not needed when the lock is free and nobody waits), then vote;
-#   "wait": sent right behind a BLPOP on the wake list; votes only if the place still exists.
-# Replies +OK (granted: the place leaves this node's line) or HELD / NO_PLACE / NOT_FIRST.
+# ARGV[6] place lifetime ms, ARGV[7], ARGV[8], ... the place's wake list of each resource.
+# SET every lock key to the value with PX ttl, only if none is set and the caller is first
+# in every line it is in:
+#   "once": no place; refused while anyone waits (the engine's non-blocking calls on one
+#            resource send a plain SET NX PX instead);
+#   "join": take (or refresh) a place at ARGV[5] in every line (not needed when all are free
+#           and nobody waits), then vote;
+#   "wait": sent right behind a BLPOP on the wake lists; votes only if the place is still in every line.
+# Replies +OK (granted: the place leaves this node's lines) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
     "acquire",
-    """
-local mode = ARGV[3]
-local now = nil
-local line = redis.call('exists', KEYS[2]) == 1
-if line then
-"""
-    + _FORGET_EXPIRED
+    _LINE
     + """
+local mode, place = ARGV[3], ARGV[4]
+local lines, line, held = {}, false, false
+for i = 1, #KEYS, 3 do
+    lines[i] = waiting(KEYS[i + 1], KEYS[i + 2])
+    line = line or lines[i]
+    held = held or redis.call('exists', KEYS[i]) == 1
 end
 if mode == 'wait' then
-    redis.call('del', ARGV[7])
-    if not line or not redis.call('zscore', KEYS[3], ARGV[4]) then
-        return -1
+    for j = 7, #ARGV do
+        redis.call('del', ARGV[j])
+    end
+    for i = 1, #KEYS, 3 do
+        if not lines[i] or not redis.call('zscore', KEYS[i + 2], place) then
+            return -1
+        end
     end
 end
-local held = redis.call('exists', KEYS[1]) == 1
 if mode ~= 'once' and (held or line) then
-    if not now then
-        local clock = redis.call('time')
-        now = clock[1] * 1000 + math.floor(clock[2] / 1000)
-    end
     local life = tonumber(ARGV[6])
-    redis.call('zadd', KEYS[2], ARGV[5], ARGV[4])
-    redis.call('zadd', KEYS[3], now + life, ARGV[4])
-    if redis.call('pttl', KEYS[2]) < life then
-        redis.call('pexpire', KEYS[2], life)
-        redis.call('pexpire', KEYS[3], life)
+    local expiry = clock() + life
+    for i = 1, #KEYS, 3 do
+        redis.call('zadd', KEYS[i + 1], ARGV[5], place)
+        redis.call('zadd', KEYS[i + 2], expiry, place)
+        if redis.call('pttl', KEYS[i + 1]) < life then
+            redis.call('pexpire', KEYS[i + 1], life)
+            redis.call('pexpire', KEYS[i + 2], life)
+        end
+        lines[i] = true
     end
     line = true
 end
@@ -95,73 +116,94 @@ if held then
     return 0
 end
 if line then
-    if redis.call('zrange', KEYS[2], 0, 0)[1] ~= ARGV[4] then
-        return -2
+    for i = 1, #KEYS, 3 do
+        if lines[i] and redis.call('zrange', KEYS[i + 1], 0, 0)[1] ~= place then
+            return -2
+        end
     end
-    redis.call('zrem', KEYS[2], ARGV[4])
-    redis.call('zrem', KEYS[3], ARGV[4])
+    for i = 1, #KEYS, 3 do
+        if lines[i] then
+            redis.call('zrem', KEYS[i + 1], place)
+            redis.call('zrem', KEYS[i + 2], place)
+        end
+    end
 end
-return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local reply
+for i = 1, #KEYS, 3 do
+    reply = redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return reply
 """,
 )
 
-# KEYS[1] lock key, KEYS[2] queue, KEYS[3] places.
-# ARGV[1] holder value, ARGV[2] the caller's place ('' for none), ARGV[3] wake list prefix,
-# ARGV[4] wake token lifetime ms.
-# Delete the key only if it still holds our value (never another holder's lock), leave
-# the line, and if the lock is now free wake whoever is first in line.
+# KEYS in threes (see above).
+# ARGV[1] holder value, ARGV[2] the caller's place ('' for none), ARGV[3] wake token lifetime ms,
+# ARGV[4], ARGV[5], ... the wake list prefix of each resource.
+# Delete each lock key that still holds our value (never another holder's lock), leave the
+# lines, and wake whoever is first in line of each lock that is now free.
+# Replies 1 when every key held our value (all deleted), else 0.
 RELEASE = Script(
     "release",
-    """
-local released = 0
-if redis.call('get', KEYS[1]) == ARGV[1] then
-    released = redis.call('del', KEYS[1])
-end
-local line = redis.call('exists', KEYS[2]) == 1
-if line and ARGV[2] ~= '' then
-    redis.call('zrem', KEYS[2], ARGV[2])
-    redis.call('zrem', KEYS[3], ARGV[2])
-    line = redis.call('exists', KEYS[2]) == 1
-end
-if line and redis.call('exists', KEYS[1]) == 0 then
-    local now
-"""
-    + _FORGET_EXPIRED
+    _LINE
     + """
-    if line then
-        local wake = ARGV[3] .. redis.call('zrange', KEYS[2], 0, 0)[1]
+local released = 1
+for i = 1, #KEYS, 3 do
+    if redis.call('get', KEYS[i]) == ARGV[1] then
+        redis.call('del', KEYS[i])
+    else
+        released = 0
+    end
+    local line = redis.call('exists', KEYS[i + 1]) == 1
+    if line and ARGV[2] ~= '' then
+        redis.call('zrem', KEYS[i + 1], ARGV[2])
+        redis.call('zrem', KEYS[i + 2], ARGV[2])
+    end
+    if line and redis.call('exists', KEYS[i]) == 0 and waiting(KEYS[i + 1], KEYS[i + 2]) then
+        local wake = ARGV[4 + (i - 1) / 3] .. redis.call('zrange', KEYS[i + 1], 0, 0)[1]
         redis.call('rpush', wake, 1)
-        redis.call('pexpire', wake, ARGV[4])
+        redis.call('pexpire', wake, ARGV[3])
     end
 end
 return released
 """,
 )
 
-# KEYS[1] lock key; ARGV[1] holder value; ARGV[2] new ttl in milliseconds.
-# Reset the ttl only if the key still holds our value; an expired key is not recreated.
+# KEYS the lock keys (one per resource); ARGV[1] holder value; ARGV[2] new ttl in milliseconds.
+# Reset the ttls only if every key still holds our value; an expired key is not recreated.
+# Replies 1 (extended) or 0.
 EXTEND = Script(
     "extend",
     """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('pexpire', KEYS[1], ARGV[2])
+for i = 1, #KEYS do
+    if redis.call('get', KEYS[i]) ~= ARGV[1] then
+        return 0
+    end
 end
-return 0
+for i = 1, #KEYS do
+    redis.call('pexpire', KEYS[i], ARGV[2])
+end
+return 1
 """,
 )
 
-# KEYS[1] fencing counter key; ARGV[1] the token chosen by the holder.
-# Raise the counter to ARGV[1] unless it is already higher; return the counter.
+# KEYS the fencing counter keys (one per resource); ARGV[1] the token chosen by the holder.
+# Raise each counter to ARGV[1] unless it is already higher; reply the lowest counter.
 FENCE_RAISE = Script(
     "fence_raise",
     """
-local current = tonumber(redis.call('get', KEYS[1]) or '0')
 local wanted = tonumber(ARGV[1])
-if wanted > current then
-    redis.call('set', KEYS[1], ARGV[1])
-    return wanted
+local lowest
+for i = 1, #KEYS do
+    local current = tonumber(redis.call('get', KEYS[i]) or '0')
+    if wanted > current then
+        redis.call('set', KEYS[i], ARGV[1])
+        current = wanted
+    end
+    if not lowest or current < lowest then
+        lowest = current
+    end
 end
-return current
+return lowest
 """,
 )
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, RELEASE, Script
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE, Script, script_command
 
 __all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
 
@@ -53,7 +53,7 @@ class Fan:
         allow_lagging: bool = True,
         restart_window: float = 0.0,
         owe: tuple[str, str, float] | None = None,
-        block: tuple[str, float] | None = None,
+        block: tuple[tuple[str, ...], float] | None = None,
     ) -> None:
         self.commands = commands
         self.timeout = timeout  # None: the node timeout
@@ -100,18 +100,18 @@ Step = Generator[Any, Any, Any]
 def release_fan(
     config: base.ManagerConfig,
     total: int,
-    resource: str,
+    resources: Sequence[str],
     value: str,
     ttl: float | None = None,
     place: str = "",
     only: Sequence[bool] | None = None,
 ) -> Fan:
-    """Release ``value`` (and leave the line with ``place``) on every node, or those marked in ``only``.
+    """Release ``value`` (and leave the lines with ``place``) on every node, or those marked in ``only``.
 
     Each command goes after whatever is still pending for that value, and
     every node it goes to owes it until a reply proves it done.
     """
-    command = config.release_command(resource, value, place)
+    command = config.release_command(resources, value, place)
     key = command[3]
     return Fan(
         [command if only is None or only[i] else None for i in range(total)],
@@ -148,7 +148,7 @@ def acquire(
             results = yield Fan(
                 [plan.vote()] * total,
                 done=done,
-                script=ACQUIRE if plan.mode != "once" else None,
+                script=plan.script,
                 allow_lagging=False,
                 restart_window=plan.window,
                 block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
@@ -159,7 +159,7 @@ def acquire(
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
             # Interrupted (a signal, a cancellation): release what may have been set, leave the line.
-            yield Background(release_fan(config, total, plan.resource, plan.value, plan.ttl, _place(plan)))
+            yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
             raise
         pause = plan.next_vote(quorum, (yield NOW))
         # Release where this attempt's value may be set (the nodes that did not refuse for sure);
@@ -167,15 +167,16 @@ def acquire(
         leaving = pause is None and plan.mode != "once"
         unsure = plan.unsure()
         if leaving or any(unsure):
-            yield release_fan(config, total, plan.resource, plan.value, plan.ttl, _place(plan) if leaving else "",
+            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan) if leaving else "",
                               None if leaving else unsure)
         if pause is None:
             break
         plan.renew()
         if pause > 0:
             yield Sleep(pause)
-    ttls = yield Fan([("PTTL", plan.key)] * total, allow_lagging=False)
-    error = plan.error(names, quorum, base.retry_after_of(ttls, quorum))
+    command, script = plan.ttl_command()
+    ttls = yield Fan([command] * total, script=script, allow_lagging=False)
+    error = plan.error(names, quorum, plan.retry_after(ttls, quorum))
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     raise error
 
@@ -189,7 +190,7 @@ def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
     started = yield NOW
-    command = ("EVALSHA", EXTEND.sha, 1, lock.key, lock.value, base.ms(new_ttl))
+    command = script_command(EXTEND, lock.keys, (lock.value, base.ms(new_ttl)))
     results = yield Fan(
         [command] * total,
         timeout=lock._extend_timeout(),
@@ -204,15 +205,15 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
     """Issue ``lock``'s fencing token: read a quorum, raise on a quorum, check the lock still holds."""
     if not lock.locked():
         raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
-    fence_key = config.fence_key(lock.resource)
+    fence_keys = [config.fence_key(resource) for resource in lock.resources]
     window = config.restart_window
     reads = yield Fan(
-        [("GET", fence_key)] * total,
+        [("GET", *fence_keys) if len(fence_keys) == 1 else ("MGET", *fence_keys)] * total,
         done=base.until_outcome(quorum, total, lambda r: True),
         restart_window=window,
     )
     token = base.next_fence(reads, quorum, lock.resource, (yield WALL))
-    command = ("EVALSHA", FENCE_RAISE.sha, 1, fence_key, token)
+    command = script_command(FENCE_RAISE, fence_keys, (token,))
     writes = yield Fan(
         [command] * total,
         done=base.until_outcome(quorum, total, lambda r: isinstance(r, int) and r >= token),

@@ -193,19 +193,19 @@ def late_release_of_an_earlier_attempt(seed: int) -> Sim:
 
     def release_other_holder() -> None:  # wakes a, first in line, on nodes 0-2
         for node in nodes[:3]:
-            node.execute(("EVAL", RELEASE.source, *a.config.release_command("r", "another holder")[2:]))
+            node.execute(("EVAL", RELEASE.source, *a.config.release_command(("r",), "another holder")[2:]))
 
     def a_done(result: Any, error: BaseException | None) -> None:
         assert error is None, f"attempt 2 must win: {error}"
         plan = result
-        lock = LockBase(a.manager, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
+        lock = LockBase(a.manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
         sim.checker.acquired(a.proc, "r", lock.value, lock.validity, deadline_local=lock._deadline)
         world.after(1.6, late_release)  # a's place has expired by then; its lock has not
 
     def late_release() -> None:
         # Attempt 1's compare-and-delete, retransmitted from a connection given up long ago:
         for node in nodes[:3]:
-            node.execute(("EVAL", RELEASE.source, *a.config.release_command("r", first[0])[2:]))
+            node.execute(("EVAL", RELEASE.source, *a.config.release_command(("r",), first[0])[2:]))
         world.after(0.01, _acquire, b, "r", lambda lock: None)
 
     world.at(ttl * 2 + 0.1, start)

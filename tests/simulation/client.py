@@ -229,7 +229,7 @@ class SimClient:
                 then(None, error)
                 return
             plan = result
-            lock = LockBase(self.manager, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
+            lock = LockBase(self.manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
             self.acquired += 1
             self.holding[lock.value] = (lock, watch.call)
             checker.acquired(self.proc, resource, lock.value, lock.validity, deadline_local=lock._deadline,
@@ -255,7 +255,7 @@ class SimClient:
         if call is not None:
             checker.left_line(call)
         lock.released = True
-        fan = steps.release_fan(self.config, self.total, lock.resource, lock.value, lock.ttl, lock._place)
+        fan = steps.release_fan(self.config, self.total, lock.resources, lock.value, lock.ttl, lock._place)
         self.fan(fan, lambda _: then())
 
     def die(self) -> None:

@@ -112,8 +112,10 @@ def release_without_compare() -> Any:
     """RELEASE deletes the lock key whoever holds it (no value comparison), then wakes the next."""
 
     def release(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
-        released = self._del([keys[0]])
-        self._leave_and_wake(keys, argv[1], argv[2], argv[3])
+        released = 0
+        for r, i in enumerate(range(0, len(keys), 3)):
+            released = self._del([keys[i]])
+            self._leave_and_wake(keys[i : i + 3], argv[1], argv[3 + r], argv[2])
         return released
 
     return _patch(SimNode, "_release", release)
@@ -126,7 +128,8 @@ def acquire_ignores_the_line() -> Any:
     def acquire(self: Any, keys: list[bytes], argv: list[bytes]) -> Any:
         reply = real(self, keys, argv)
         if reply == -2:  # NOT_FIRST: grant it anyway
-            self._set([keys[0], argv[0], "PX", argv[1]])
+            for lock in keys[::3]:
+                self._set([lock, argv[0], "PX", argv[1]])
             return b"OK"
         return reply
 
@@ -137,12 +140,15 @@ def release_wakes_nobody() -> Any:
     """RELEASE leaves the line but pushes no wake-up: waiters only notice at the end of their slice."""
 
     def release(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
-        released = 0
-        if self._get([keys[0]]) == argv[0]:
-            released = self._del([keys[0]])
-        if argv[1] != b"":
-            self._zrem([keys[1], argv[1]])
-            self._zrem([keys[2], argv[1]])
+        released = 1
+        for i in range(0, len(keys), 3):
+            if self._get([keys[i]]) == argv[0]:
+                self._del([keys[i]])
+            else:
+                released = 0
+            if argv[1] != b"":
+                self._zrem([keys[i + 1], argv[1]])
+                self._zrem([keys[i + 2], argv[1]])
         return released
 
     return _patch(SimNode, "_release", release)

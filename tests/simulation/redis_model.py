@@ -153,8 +153,8 @@ class Session:
         self.reply = reply
         #: Commands received and not run yet, oldest first (behind a blocked BLPOP).
         self.backlog: deque[Sequence[Any]] = deque()
-        #: The list key a BLPOP is blocked on, or None.
-        self.blocked: bytes | None = None
+        #: The list keys a BLPOP is blocked on, or None.
+        self.blocked: tuple[bytes, ...] | None = None
         #: When the blocked BLPOP times out (node clock; inf: never).
         self.deadline = math.inf
         self.closed = False
@@ -372,13 +372,15 @@ class SimNode:
             timeout = float(_s(command[-1]))
         except (IndexError, ValueError):
             return ResponseError("ERR timeout is not a float or out of range")
-        if timeout < 0 or len(keys) != 1:
-            return ResponseError("ERR the simulator blocks on one key with a timeout >= 0")
-        popped = self._lpop(keys[0])
-        if popped is not None:
-            return [keys[0], popped]
-        session.blocked = keys[0]
-        self.waiting.setdefault(keys[0], deque()).append(session)
+        if timeout < 0 or not keys:
+            return ResponseError("ERR BLPOP needs keys and a timeout >= 0")
+        for key in keys:
+            popped = self._lpop(key)
+            if popped is not None:
+                return [key, popped]
+        session.blocked = tuple(keys)
+        for key in keys:
+            self.waiting.setdefault(key, deque()).append(session)
         if timeout > 0:
             session.deadline = self.clock.now() + timeout
             fire = session.deadline
@@ -403,17 +405,18 @@ class SimNode:
                     self._wake(session, None)
 
     def _unblock(self, session: Session) -> None:
-        key = session.blocked
-        if key is None:
+        keys = session.blocked
+        if keys is None:
             return
         session.blocked = None
         session.deadline = math.inf
-        sessions = self.waiting.get(key)
-        if sessions is not None:
-            if session in sessions:
-                sessions.remove(session)
-            if not sessions:
-                del self.waiting[key]
+        for key in keys:
+            sessions = self.waiting.get(key)
+            if sessions is not None:
+                if session in sessions:
+                    sessions.remove(session)
+                if not sessions:
+                    del self.waiting[key]
 
     def _wake(self, session: Session, reply: Any) -> None:
         """Answer the blocked BLPOP; the commands behind it run in the next event (beforeSleep)."""
@@ -689,9 +692,9 @@ class SimNode:
         numkeys = _int(rest[0])
         keys = [_b(k) for k in rest[1 : 1 + numkeys]]
         argv = [_b(a) for a in rest[1 + numkeys :]]
-        wanted = _SCRIPT_KEYS.get(sha)
-        if wanted is not None and len(keys) != wanted:
-            raise _Error(f"ERR Error running script: {wanted} keys expected, {len(keys)} given")
+        group = _SCRIPT_KEYS.get(sha)
+        if group is not None and (not keys or len(keys) % group):
+            raise _Error(f"ERR Error running script: KEYS in groups of {group} expected, {len(keys)} given")
         return getattr(self, _SCRIPTS[sha])(keys, argv)
 
     # the engine's scripts, as their Lua does it (a mutant may replace one of these methods)
@@ -702,71 +705,90 @@ class SimNode:
             self._zrem([places, *expired])
             self._zrem([queue, *expired])
 
-    def _acquire(self, keys: list[bytes], argv: list[bytes]) -> Any:
-        lock, queue, places = keys
-        value, ttl_ms, mode, place, ticket, life_ms, wake = argv
-        now = self._now_ms()
+    def _waiting(self, queue: bytes, places: bytes, now: int) -> bool:
+        """The scripts' ``waiting()``: forget expired places; True while anyone is in line."""
+        if self._exists([queue]) == 0:
+            return False
         self._forget_expired(queue, places, now)
+        return self._exists([queue]) == 1
+
+    def _acquire(self, keys: list[bytes], argv: list[bytes]) -> Any:
+        value, ttl_ms, mode, place, ticket, life_ms = argv[:6]
+        wakes = argv[6:]
+        triples = [keys[i : i + 3] for i in range(0, len(keys), 3)]
+        now = self._now_ms()
+        lines = [self._waiting(queue, places, now) for _, queue, places in triples]
+        held = any(self._exists([lock]) == 1 for lock, _, _ in triples)
         if mode == b"wait":
-            self._del([wake])
-            if self._zscore([places, place]) is None:
+            self._del(list(wakes))
+            if not all(line and self._zscore([places, place]) is not None
+                       for line, (_, _, places) in zip(lines, triples)):
                 return -1
-        held = self._exists([lock]) == 1
-        if mode != b"once" and (held or self._exists([queue]) == 1):
+        if mode != b"once" and (held or any(lines)):
             life = _int(life_ms)
-            self._zadd([queue, ticket, place])
-            self._zadd([places, now + life, place])
-            if self._pttl([queue]) < life:
-                self._pexpire([queue, life])
-                self._pexpire([places, life])
+            for _, queue, places in triples:
+                self._zadd([queue, ticket, place])
+                self._zadd([places, now + life, place])
+                if self._pttl([queue]) < life:
+                    self._pexpire([queue, life])
+                    self._pexpire([places, life])
+            lines = [True] * len(triples)
         if held:
             return 0
-        first = self._zrange([queue, 0, 0])
-        if first and first[0] != place:
+        if any(line and self._zrange([queue, 0, 0])[:1] != [place] for line, (_, queue, _) in zip(lines, triples)):
             return -2
-        self._set([lock, value, "PX", ttl_ms])
-        if first:
-            self._zrem([queue, place])
-            self._zrem([places, place])
+        for line, (lock, queue, places) in zip(lines, triples):
+            if line:
+                self._zrem([queue, place])
+                self._zrem([places, place])
+        for lock, _, _ in triples:
+            self._set([lock, value, "PX", ttl_ms])
         return b"OK"
 
     def _release(self, keys: list[bytes], argv: list[bytes]) -> int:
-        lock, queue, places = keys
-        value, place, prefix, wake_life = argv
-        released = 0
-        if self._get([lock]) == value:
-            released = self._del([lock])
-        self._leave_and_wake(keys, place, prefix, wake_life)
+        value, place, wake_life = argv[:3]
+        released = 1
+        for r, i in enumerate(range(0, len(keys), 3)):
+            lock = keys[i]
+            if self._get([lock]) == value:
+                self._del([lock])
+            else:
+                released = 0
+            self._leave_and_wake(keys[i : i + 3], place, argv[3 + r], wake_life)
         return released
 
     def _leave_and_wake(self, keys: list[bytes], place: bytes, prefix: bytes, wake_life: bytes) -> None:
         """RELEASE after the compare-and-delete: leave the line; if the lock is free, wake the first."""
         lock, queue, places = keys
-        if place != b"":
+        line = self._exists([queue]) == 1
+        if line and place != b"":
             self._zrem([queue, place])
             self._zrem([places, place])
-        if self._exists([lock]) == 0 and self._exists([queue]) == 1:
-            self._forget_expired(queue, places, self._now_ms())
-            first = self._zrange([queue, 0, 0])
-            if first:
-                wake = prefix + first[0]
-                self._rpush([wake, b"1"])
-                self._pexpire([wake, wake_life])
+        if line and self._exists([lock]) == 0 and self._waiting(queue, places, self._now_ms()):
+            wake = prefix + self._zrange([queue, 0, 0])[0]
+            self._rpush([wake, b"1"])
+            self._pexpire([wake, wake_life])
 
     def _extend(self, keys: list[bytes], argv: list[bytes]) -> int:
-        entry = self._live(keys[0])
-        if entry is not None and entry[0] == argv[0]:
-            return self._pexpire([keys[0], argv[1]])
-        return 0
+        for key in keys:
+            entry = self._live(key)
+            if entry is None or entry[0] != argv[0]:
+                return 0
+        for key in keys:
+            self._pexpire([key, argv[1]])
+        return 1
 
     def _fence_raise(self, keys: list[bytes], argv: list[bytes]) -> int:
-        entry = self._live(keys[0])
-        current = _lua_number(entry[0]) if entry is not None else 0
         wanted = _lua_number(argv[0])
-        if wanted > current:
-            self.data[keys[0]] = [argv[0], None]  # plain SET: no ttl
-            return int(wanted)
-        return int(current)
+        lowest = math.inf
+        for key in keys:
+            entry = self._live(key)
+            current = _lua_number(entry[0]) if entry is not None else 0
+            if wanted > current:
+                self.data[key] = [argv[0], None]  # plain SET: no ttl
+                current = wanted
+            lowest = min(lowest, current)
+        return int(lowest)
 
     def _inspect(self, keys: list[bytes], argv: list[bytes]) -> list[Any]:
         out: list[Any] = []
@@ -833,5 +855,5 @@ _SCRIPTS: dict[str, str] = {
     FENCE_RAISE.sha: "_fence_raise",
     INSPECT.sha: "_inspect",
 }
-#: sha -> how many KEYS the script takes (None: any number).
+#: sha -> the KEYS come in groups of this many (at least one group).
 _SCRIPT_KEYS: dict[str, Any] = {ACQUIRE.sha: 3, RELEASE.sha: 3, EXTEND.sha: 1, FENCE_RAISE.sha: 1}
