@@ -34,7 +34,10 @@ __all__ = [
 
 logger = logging.getLogger("django_redlock")
 
-KeySpec = str | Callable[..., str]
+#: A lock key: a format string, or a callable returning the resource (or a list of them).
+KeySpec = str | Callable[..., Any]
+#: What ``@redlock`` takes: one key, or a list of format strings to lock together (all or nothing).
+KeysSpec = KeySpec | list[str] | tuple[str, ...]
 
 
 # -- keys ------------------------------------------------------------------------
@@ -120,9 +123,31 @@ class Key:
                 key = self.spec.format(**values)
             except (AttributeError, KeyError, IndexError) as exc:
                 raise ImproperlyConfigured(f"redlock key {self.spec!r} could not be filled: {exc!r}.") from None
+        if callable(self.spec) and isinstance(key, (list, tuple)) and key and all(isinstance(k, str) and k for k in key):
+            return key  # a callable may name several resources
         if not isinstance(key, str) or not key:
             raise ImproperlyConfigured(f"redlock key {self.spec!r} produced {key!r}; expected a non-empty string.")
         return key
+
+
+class Keys:
+    """One :class:`Key`, or several locked together (a list or tuple of format strings)."""
+
+    def __init__(self, spec: KeysSpec, func: Callable[..., Any] | None) -> None:
+        if isinstance(spec, (list, tuple)):
+            if not spec or not all(isinstance(s, str) for s in spec):
+                raise ImproperlyConfigured(f"redlock keys must be a non-empty list of format strings; got {spec!r}.")
+            self.keys = [Key(s, func) for s in spec]
+            self.several = True
+        else:
+            self.keys = [Key(spec, func)]
+            self.several = False
+
+    def format(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
+        """The resource to lock, or the list of resources."""
+        if not self.several:
+            return self.keys[0].format(args, kwargs, extra)
+        return [key.format(args, kwargs, extra) for key in self.keys]
 
 
 def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest | None:
@@ -184,7 +209,7 @@ def _handler(on_locked: Callable[..., HttpResponse] | str | None) -> Callable[..
 
 
 def redlock(
-    key: KeySpec,
+    key: KeysSpec,
     ttl: float | None = None,
     *,
     blocking: bool = False,
@@ -192,12 +217,17 @@ def redlock(
     label: str | None = None,
     auto_extend: bool = False,
     on_locked: Callable[..., HttpResponse] | str | None = None,
+    reentrant: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated view or function while holding a Redlock.
 
     ``key`` is a format string filled from the call's arguments (for views:
     the URL kwargs and ``request``, e.g. ``"invoice-{pk}"`` or
     ``"user-{request.user.pk}"``), or a callable taking the same arguments.
+    A list of format strings (``["account-{src}", "account-{dst}"]``), or a
+    callable returning a list, locks those resources together, all or
+    nothing. ``reentrant=True`` lets a call made while the same thread
+    (or task) already holds the lock enter it again instead of failing.
     A view whose lock is held answers 423 Locked with ``Retry-After``
     (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
     function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
@@ -208,10 +238,11 @@ def redlock(
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
     base.check_wait(blocking, timeout)
+    base.check_flag(reentrant, "reentrant")
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-        spec = Key(key, func)
-        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        spec = Keys(key, func)
+        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
 
         if iscoroutinefunction(func):
 
@@ -229,7 +260,7 @@ def redlock(
                     if request is None:
                         raise
                     return _handler(on_locked)(request, error)
-                keeper = _start_async_keeper(lock) if auto_extend else None
+                keeper = _start_async_keeper(lock) if auto_extend and lock._depth == 1 else None
                 try:
                     result = await func(*args, **kwargs)
                 except BaseException:
@@ -256,7 +287,7 @@ def redlock(
                 if request is None:
                     raise
                 return _handler(on_locked)(request, error)
-            if auto_extend:
+            if auto_extend and lock._depth == 1:  # a re-entered lock is kept alive by its outer call
                 manager._watch(lock, None, None)
             try:
                 result = func(*args, **kwargs)
@@ -300,7 +331,7 @@ def _release_after_stream(response: Any, lock: Any, keeper: Any) -> Any:
 def _release_async_lock_sync(lock: Any) -> None:
     from django_redlock.manager import get_lock_manager
 
-    if lock._start_release():
+    if not lock._exit_reentry() and lock._start_release():
         lock._judge_release(get_lock_manager()._release_keys(lock.resources, lock.value, place=lock._place))
 
 
@@ -323,22 +354,24 @@ class RedlockMixin:
 
     Set ``redlock_key`` to a format string over the URL kwargs, ``request``
     and ``view`` (``"report-{pk}"``, ``"user-{request.user.pk}"``), or
-    override :meth:`get_redlock_key`. ``redlock_ttl``, ``redlock_blocking``,
-    ``redlock_timeout`` and ``redlock_on_locked`` work as the arguments of
+    override :meth:`get_redlock_key`; a list of format strings locks them
+    together. ``redlock_ttl``, ``redlock_blocking``, ``redlock_timeout``,
+    ``redlock_reentrant`` and ``redlock_on_locked`` work as the arguments of
     :func:`redlock`.
     """
 
-    redlock_key: str | None = None
+    redlock_key: str | list[str] | None = None
     redlock_ttl: float | None = None
     redlock_blocking: bool = False
     redlock_timeout: float | None = None
+    redlock_reentrant: bool = False
     redlock_on_locked: Callable[..., HttpResponse] | str | None = None
 
-    def get_redlock_key(self) -> str:
-        """The resource to lock for this request."""
+    def get_redlock_key(self) -> str | list[str]:
+        """The resource to lock for this request (or the resources, together)."""
         if not self.redlock_key:
             raise ImproperlyConfigured(f"{type(self).__name__} needs redlock_key or a get_redlock_key() method.")
-        spec = Key(self.redlock_key, None)
+        spec = Keys(self.redlock_key, None)
         return spec.format((), dict(self.kwargs), {"request": self.request, "view": self})  # type: ignore[attr-defined]
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -348,7 +381,11 @@ class RedlockMixin:
         conf.check_max_ttl(self.redlock_ttl)
         try:
             lock = get_lock_manager().acquire(
-                resource, self.redlock_ttl, blocking=self.redlock_blocking, timeout=self.redlock_timeout
+                resource,
+                self.redlock_ttl,
+                blocking=self.redlock_blocking,
+                timeout=self.redlock_timeout,
+                reentrant=self.redlock_reentrant,
             )
         except LockNotAcquired as error:
             return _handler(self.redlock_on_locked)(request, error)

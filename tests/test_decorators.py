@@ -175,3 +175,63 @@ def test_nodes_down_is_503_not_423(servers):
         server.kill()
     response = Client().get("/pay/12/")
     assert response.status_code == 503 and response["Retry-After"] == "1"
+
+
+def test_several_keys_lock_every_resource_together():
+    seen = {}
+
+    @redlock(["account-{src}", "account-{dst}"], ttl=5)
+    def transfer(src, dst):
+        manager = get_lock_manager()
+        seen["locked"] = (manager.is_locked(f"account-{src}"), manager.is_locked(f"account-{dst}"))
+        return "moved"
+
+    assert transfer(1, 2) == "moved"
+    assert seen["locked"] == (True, True)
+    held = hold("account-2")
+    with pytest.raises(LockNotAcquired, match="account-1, account-2"):
+        transfer(1, 2)
+    held.release()
+    assert not get_lock_manager().is_locked("account-1")  # all or nothing: account-1 was not left behind
+
+    @redlock(lambda ids: [f"row-{i}" for i in ids])
+    def touch(ids):
+        return sorted(get_lock_manager().is_locked(f"row-{i}") for i in ids)
+
+    assert touch([3, 1, 2]) == [True, True, True]
+
+
+def test_reentrant_decorated_functions_may_call_each_other():
+    @redlock("ledger-{pk}", reentrant=True)
+    def inner(pk):
+        return get_lock_manager().is_locked(f"ledger-{pk}")
+
+    @redlock("ledger-{pk}", reentrant=True)
+    def outer(pk):
+        return inner(pk) and get_lock_manager().is_locked(f"ledger-{pk}")  # still held after inner's exit
+
+    assert outer(5) is True
+    assert not get_lock_manager().is_locked("ledger-5")
+
+    @redlock("ledger-{pk}")
+    def plain(pk):
+        return inner(pk)
+
+    with pytest.raises(LockNotAcquired, match="held by this very thread"):
+        plain_inner = redlock("ledger-{pk}")(lambda pk: None)
+
+        @redlock("ledger-{pk}")
+        def nested(pk):
+            return plain_inner(pk=pk)
+
+        nested(6)
+    assert plain(7) is True  # the inner call opted in: it enters the outer lock
+
+
+def test_bad_several_keys_and_flags_are_refused_at_decoration():
+    with pytest.raises(ImproperlyConfigured, match="non-empty list of format strings"):
+        redlock([])(lambda: None)
+    with pytest.raises(ImproperlyConfigured, match="non-empty list of format strings"):
+        redlock(["a-{pk}", 3])(lambda pk: None)
+    with pytest.raises(ValueError, match="reentrant must be True or False"):
+        redlock("k", reentrant="yes")

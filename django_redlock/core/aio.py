@@ -312,6 +312,8 @@ class AsyncLock(LockBase):
 
     async def release(self) -> bool:
         """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""
+        if self._exit_reentry():
+            return True
         if not self._start_release():
             return False
         self.manager._forget(self)
@@ -369,7 +371,7 @@ class AsyncLockContext(ContextBase):
     async def __aenter__(self) -> AsyncLock:
         lock = await self.manager.acquire(self.resource, **self.kwargs)
         self.lock = lock
-        if self.auto_extend:
+        if self.auto_extend and lock._depth == 1:
             self._task = asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost))
         return lock
 
@@ -475,10 +477,21 @@ class AsyncLockManager(ManagerBase):
         blocking: bool = True,
         timeout: float | None = None,
         label: str | None = None,
+        reentrant: bool = False,
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
-        plan = await self._run(self._acquiring(resource, ttl, blocking, timeout, label))
-        return self._granted(plan, AsyncLock)
+        held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
+        if step is None:
+            lock: AsyncLock = held
+            return lock
+        return self._granted(await self._run(step), AsyncLock)
+
+    async def adopt(
+        self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None
+    ) -> AsyncLock:
+        """A handle on a lock acquired elsewhere; see :meth:`LockManager.adopt`."""
+        step = self._adopting(resource, token, ttl, fencing_token)
+        return self._adopted(await self._run(step), AsyncLock, ttl, fencing_token)
 
     async def _run(self, step: steps.Step) -> Any:
         """Drive a step on the running loop; an exception (a cancellation) is thrown into it."""
@@ -526,10 +539,11 @@ class AsyncLockManager(ManagerBase):
         auto_extend: bool = False,
         max_hold: float | None = None,
         on_lost: Callable[[AsyncLock], Any] | None = None,
+        reentrant: bool = False,
     ) -> AsyncLockContext:
         """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
         base.check_wait(blocking, timeout)
-        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
         return AsyncLockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
 
     async def is_locked(self, resource: str) -> bool:

@@ -133,10 +133,15 @@ def check_count(value: Any, argument: str, *, allow_none: bool = False) -> int |
     return value
 
 
+def check_flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{argument} must be True or False; got {value!r}.")
+    return value
+
+
 def check_wait(blocking: Any, timeout: Any) -> float | None:
     """``timeout`` for an acquire: seconds to wait in line, which only a blocking call does."""
-    if not isinstance(blocking, bool):
-        raise ValueError(f"blocking must be True or False; got {blocking!r}.")
+    check_flag(blocking, "blocking")
     seconds = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
     if not blocking and seconds is not None:
         raise ValueError(
@@ -360,8 +365,12 @@ def not_acquired(
     validity_left: float | None = None,
     retry_after: float | None = None,
     attempts: int = 1,
+    note: str = "",
 ) -> LockNotAcquired:
-    """Build the error for a failed attempt, telling "held" from "nodes unavailable"."""
+    """Build the error for a failed attempt, telling "held" from "nodes unavailable".
+
+    ``note`` ends the message (who in this process holds it, when known).
+    """
     total = len(nodes)
     granted = count(results)
     failures = failures_of(nodes, results)
@@ -383,6 +392,8 @@ def not_acquired(
     else:
         message = f"Could not lock {resource!r}{tries}: {granted} of {total} nodes agreed, {quorum} needed ({detail})."
         cls = LockNotAcquired
+    if note:
+        message = f"{message} {note}"
     return cls(
         message,
         resource=resource,
@@ -417,6 +428,71 @@ def locked_of(resource: str, nodes: Sequence[Any], results: Sequence[Any], quoru
         total=len(results),
         failures=failures,
     )
+
+
+class Adoption:
+    """A hand-off: rebuild a held lock from its resources and its holder's token.
+
+    One INSPECT of the lock keys on every node tells, per node, whether every
+    key stores a value with that token, and how long the node keeps it. The
+    handle is valid until the quorum-th longest of those ttls runs out,
+    counted from before the read (minus drift): at least a quorum keeps the
+    value until then.
+    """
+
+    def __init__(self, config: ManagerConfig, resource: Any, token: Any) -> None:
+        self.resources = check_resources(resource)
+        self.resource = name_of(self.resources)
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"token must be the holder's token, a non-empty string (lock.token); got {token!r}.")
+        self.token = token
+        self.keys = tuple(config.key(r) for r in self.resources)
+        self.config = config
+        self.value: str | None = None
+        self.holder: Holder | None = None
+
+    def command(self) -> tuple[Any, ...]:
+        return script_command(INSPECT, self.keys, self.config.line_keys("")[::2])
+
+    def kept(self, reply: Any) -> float | None:
+        """Seconds this node keeps the token's value on every key; None when it does not store it."""
+        if not isinstance(reply, list):
+            return None
+        values, ttls = reply[0 : 2 * len(self.keys) : 2], reply[1 : 2 * len(self.keys) : 2]
+        first = values[0]
+        if not first or any(v != first for v in values) or any(not isinstance(t, int) or t <= 0 for t in ttls):
+            return None
+        holder = self.holder if self.value is not None and first == self.value.encode() else Holder.decode(first)
+        if holder is None or holder.token != self.token:
+            return None
+        if self.value is None:
+            self.holder, self.value = holder, first.decode("utf-8", "replace") if isinstance(first, bytes) else first
+        return min(ttls) / 1000.0
+
+    def judge(self, nodes: Sequence[Any], replies: Sequence[Any], quorum: int) -> float:
+        """Seconds the lock stays held, counted from before the read; raises when a quorum does not hold it."""
+        kept = sorted((k for k in map(self.kept, replies) if k is not None), reverse=True)
+        if len(kept) >= quorum:
+            return kept[quorum - 1] - self.config.drift(kept[quorum - 1])
+        total = len(nodes)
+        failures = failures_of(nodes, replies, "does not store this token's value", lambda r: self.kept(r) is not None)
+        detail = "; ".join(f"{name}: {why}" for name, why in failures.items())
+        unreachable = sum(1 for r in replies if isinstance(r, Failure))
+        if total - unreachable - len(kept) <= total - quorum:  # the silent nodes may still hold it
+            raise QuorumUnavailable(
+                f"Cannot take over lock {self.resource!r}: {len(kept)} of {total} nodes store its token, "
+                f"{quorum} needed, and too few answered to tell ({detail}).",
+                resource=self.resource,
+                granted=len(kept),
+                quorum=quorum,
+                total=total,
+                failures=failures,
+            )
+        raise lost_error(
+            self.resource,
+            f"only {len(kept)} of {total} nodes store the token's value, {quorum} needed "
+            f"(released, expired or taken over; {detail})",
+        )
 
 
 def retry_after_of(results: Sequence[Any], quorum: int) -> float | None:
@@ -712,7 +788,7 @@ class Attempts:
         """A new value for the next attempt (the place and ticket stay)."""
         self._new_holder()
 
-    def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None) -> LockNotAcquired:
+    def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None, note: str = "") -> LockNotAcquired:
         granted = count(self.results) >= quorum
         return not_acquired(
             self.resource,
@@ -722,4 +798,5 @@ class Attempts:
             validity_left=self.validity if granted else None,
             retry_after=retry_after,
             attempts=self.attempts,
+            note=note,
         )

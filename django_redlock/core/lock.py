@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -11,12 +13,95 @@ from typing import TYPE_CHECKING, Any
 from django_redlock.core import base, steps
 from django_redlock.core.nodes import Failure, fanout
 from django_redlock.core.records import Holder
-from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
     from django_redlock.core.manager import LockManager
 
-__all__ = ["Lock", "LockBase"]
+__all__ = ["HeldLocks", "Lock", "LockBase", "caller"]
+
+
+def caller() -> tuple[int, str]:
+    """Who is calling: the running asyncio task, else the thread (an id and a name for messages)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop in this thread
+        task = None
+    if task is not None:
+        return id(task), f"asyncio task {task.get_name()!r}"
+    thread = threading.current_thread()
+    return threading.get_ident(), f"thread {thread.name!r}"
+
+
+class HeldLocks:
+    """The locks a manager holds in this process, and who acquired each (held weakly).
+
+    It answers two questions an ``acquire()`` asks before it votes: does the
+    caller itself already hold one of these resources (then waiting would be
+    waiting for itself), and does another thread or task of this process?
+    """
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakSet[LockBase] = weakref.WeakSet()
+        self._mutex = threading.Lock()
+
+    def add(self, lock: LockBase) -> None:
+        with self._mutex:
+            self._locks.add(lock)
+
+    def discard(self, lock: LockBase) -> None:
+        with self._mutex:
+            self._locks.discard(lock)
+
+    def overlapping(self, resources: tuple[str, ...]) -> list[LockBase]:
+        """Valid locks of this process that hold any of ``resources``."""
+        wanted = set(resources)
+        with self._mutex:
+            held = list(self._locks)
+        return [lock for lock in held if lock.locked() and not wanted.isdisjoint(lock.resources)]
+
+    def enter(self, resources: tuple[str, ...], reentrant: bool) -> LockBase | None:
+        """With ``reentrant``, the caller's own lock on ``resources``, entered once more; else None.
+
+        Raises :class:`~django_redlock.exceptions.LockNotAcquired` when the
+        caller holds only part of the set: it would wait for itself.
+        """
+        if not reentrant:
+            return None
+        me, name = caller()
+        mine = [lock for lock in self.overlapping(resources) if lock._owner == me]
+        if not mine:
+            return None
+        lock = mine[0]
+        if set(resources) <= set(lock.resources):
+            with lock._state:
+                lock._depth += 1
+            return lock
+        wanted = base.name_of(resources)
+        raise LockNotAcquired(
+            f"Could not lock {wanted!r}: this very {name} holds {lock.resource!r}, which covers only part of it, and would "
+            "wait for itself. Lock the whole set in one call from the start.",
+            resource=wanted,
+            quorum=lock.manager.quorum,
+            total=len(lock.manager.node_list),
+            retry_after=lock.validity,
+        )
+
+    def note(self, resources: tuple[str, ...]) -> str:
+        """For a failure: who in this process holds any of ``resources`` ("" when nobody)."""
+        held = self.overlapping(resources)
+        if not held:
+            return ""
+        me, name = caller()
+        mine = [lock for lock in held if lock._owner == me]
+        if mine:
+            lock = mine[0]
+            return (
+                f"It is held by this very {name} (lock {lock.resource!r}, acquired "
+                f"{lock._clock() - lock._acquired_at:.3f} s ago). Locks are not reentrant: use the Lock you "
+                "hold, or pass reentrant=True to enter it again (only the outermost release then releases it)."
+            )
+        return f"This process holds {held[0].resource!r}, in {held[0]._owner_name}."
 
 
 class LockBase:
@@ -61,6 +146,10 @@ class LockBase:
         self._state = threading.Lock()
         self._pid = os.getpid()
         self._clock = manager.config.clock
+        self._acquired_at = started
+        # Who acquired it, and how many times it was entered (reentrant=True); see HeldLocks.
+        self._owner, self._owner_name = caller()
+        self._depth = 1
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
 
@@ -230,6 +319,14 @@ class LockBase:
         base.call_hook(self.manager.config.hooks, "released", self)
         return deleted >= self.manager.quorum
 
+    def _exit_reentry(self) -> bool:
+        """Leave one inner entry of a re-entered lock; True when an outer entry still holds it."""
+        with self._state:
+            if self._depth > 1 and not self.released:
+                self._depth -= 1
+                return True
+        return False
+
     def _start_release(self) -> bool:
         """Mark released; return False when it already was (or in a forked child).
 
@@ -242,6 +339,7 @@ class LockBase:
             if self.released:
                 return False
             self.released = True
+        self.manager._held.discard(self)
         if not self.lost and self._deadline <= self._clock():
             self._mark_lost("it expired before it was released")
         return True
@@ -284,7 +382,11 @@ class Lock(LockBase):
         ``lost_reason``, and leaving a ``with`` block raises
         :class:`~django_redlock.exceptions.LockLost`. Nodes that do not answer
         are no such proof. In a forked child it does nothing and returns False.
+        A lock entered again with ``reentrant=True`` is released by its
+        outermost release; the inner ones return True and keep it.
         """
+        if self._exit_reentry():
+            return True
         if not self._start_release():
             return False
         self.manager._forget(self)
@@ -392,7 +494,7 @@ class LockContext(ContextBase):
     def __enter__(self) -> Lock:
         lock = self.manager.acquire(self.resource, **self.kwargs)
         self.lock = lock
-        if self.auto_extend:
+        if self.auto_extend and lock._depth == 1:  # a re-entered lock is already kept alive, or not
             self.manager._watch(lock, self.max_hold, self.on_lost)
         return lock
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from django_redlock.core import base, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
-from django_redlock.core.lock import Lock, LockContext
+from django_redlock.core.lock import HeldLocks, Lock, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE
@@ -57,6 +58,7 @@ class ManagerBase:
         )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
         self.quorum = quorum_of(len(self.node_list))
+        self._held = HeldLocks()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -75,12 +77,40 @@ class ManagerBase:
     def node_timeout(self) -> float:
         return self.config.node_timeout
 
-    def _acquiring(self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None) -> steps.Step:
-        return steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
+    def _acquiring(
+        self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None, reentrant: bool
+    ) -> tuple[Any, steps.Step | None]:
+        """The caller's own lock re-entered, or the step that acquires ``resource``."""
+        resources = base.check_resources(resource)
+        base.check_wait(blocking, timeout)
+        held = self._held.enter(resources, base.check_flag(reentrant, "reentrant"))
+        if held is not None:
+            return held, None
+        note = functools.partial(self._held.note, resources)
+        return None, steps.acquire(self.config, self.quorum, self.nodes, resources, ttl, blocking, timeout, label, note)
+
+    def _adopting(self, resource: Any, token: Any, ttl: Any, fencing_token: Any) -> steps.Step:
+        if fencing_token is not None and (isinstance(fencing_token, bool) or not isinstance(fencing_token, int)):
+            raise ValueError(f"fencing_token must be an int (lock.fencing_token) or None; got {fencing_token!r}.")
+        self.config.lock_ttl(ttl, self.config.ttl)
+        return steps.adopt(self.config, self.quorum, self.nodes, resource, token)
+
+    def _adopted(self, found: tuple[base.Adoption, float, float], lock_class: type[Any], ttl: Any,
+                 fencing_token: int | None) -> Any:
+        """The handle of a lock held elsewhere: its stored value, valid as long as a quorum keeps it."""
+        adoption, started, held_for = found
+        assert adoption.holder is not None and adoption.value is not None
+        lock = lock_class(self, adoption.resources, adoption.holder, self.config.lock_ttl(ttl, self.config.ttl), started)
+        lock.value = adoption.value
+        lock._deadline = started + held_for
+        lock._fencing_token = fencing_token
+        self._held.add(lock)
+        return lock
 
     def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
         lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
+        self._held.add(lock)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
 
@@ -120,6 +150,7 @@ class LockManager(ManagerBase):
         blocking: bool = True,
         timeout: float | None = None,
         label: str | None = None,
+        reentrant: bool = False,
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
@@ -141,9 +172,39 @@ class LockManager(ManagerBase):
         :class:`~django_redlock.exceptions.LockNotAcquired` when it gives up,
         or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
         when too few nodes answered.
+
+        A thread (or asyncio task) that already holds ``resource`` fails at
+        once with a message saying so: waiting would be waiting for itself.
+        With ``reentrant=True`` it gets the Lock it holds, entered once more
+        (it must hold every resource asked for); only the outermost
+        ``release()`` releases it.
         """
-        plan = steps.run_sync(self._acquiring(resource, ttl, blocking, timeout, label), self._perform)
-        return self._granted(plan, Lock)
+        held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
+        if step is None:
+            lock: Lock = held
+            return lock
+        return self._granted(steps.run_sync(step, self._perform), Lock)
+
+    def adopt(
+        self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None
+    ) -> Lock:
+        """A handle on a lock acquired elsewhere (another process, a Celery task), from its resource and token.
+
+        Hand ``lock.token`` (and ``lock.fencing_token``, if it was taken) to
+        the other process; there ``manager.adopt(resource, token)`` returns a
+        :class:`Lock` that can extend, release, check and fence it. It is safe
+        because extension and release compare the stored value. The handle
+        is valid as long as a quorum of nodes keeps the key (read once, now);
+        ``ttl`` is what :meth:`Lock.extend` resets it to by default.
+        ``fencing_token`` keeps the token already issued; without it, the
+        handle issues a new, higher one when asked. Raises
+        :class:`~django_redlock.exceptions.LockLost` when a quorum no longer
+        stores that token's value, or
+        :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
+        nodes answer to tell.
+        """
+        step = self._adopting(resource, token, ttl, fencing_token)
+        return self._adopted(steps.run_sync(step, self._perform), Lock, ttl, fencing_token)
 
     def _perform(self, effect: Any) -> Any:
         """Do what a step asks for, on real sockets and the real clock."""
@@ -173,6 +234,7 @@ class LockManager(ManagerBase):
         auto_extend: bool = False,
         max_hold: float | None = None,
         on_lost: Callable[[Lock], Any] | None = None,
+        reentrant: bool = False,
     ) -> LockContext:
         """A context manager: acquire on entry, release on exit.
 
@@ -182,7 +244,7 @@ class LockManager(ManagerBase):
         quorum it sets ``lock.lost`` and calls ``on_lost(lock)``.
         """
         base.check_wait(blocking, timeout)
-        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
         return LockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
 
     # -- inspection and operator actions ----------------------------------

@@ -22,9 +22,9 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from django_redlock.core import base
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE, Script, script_command
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
 
-__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "extend", "fence", "release_fan", "run_sync"]
+__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "adopt", "extend", "fence", "release_fan", "run_sync"]
 
 
 class Fan:
@@ -131,6 +131,7 @@ def acquire(
     blocking: bool,
     timeout: Any,
     label: str | None,
+    note: Callable[[], str] | None = None,
 ) -> Step:
     """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
 
@@ -176,9 +177,22 @@ def acquire(
             yield Sleep(pause)
     command, script = plan.ttl_command()
     ttls = yield Fan([command] * total, script=script, allow_lagging=False)
-    error = plan.error(names, quorum, plan.retry_after(ttls, quorum))
+    error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "")
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     raise error
+
+
+def adopt(config: base.ManagerConfig, quorum: int, names: Sequence[str], resource: Any, token: Any) -> Step:
+    """Read the lock keys of a hand-off; returns ``(adoption, started, seconds held)``. See :class:`base.Adoption`."""
+    adoption = base.Adoption(config, resource, token)
+    total = len(names)
+    started = yield NOW
+    replies = yield Fan(
+        [adoption.command()] * total,
+        done=base.until_outcome(quorum, total, lambda r: adoption.kept(r) is not None),
+        script=INSPECT,
+    )
+    return adoption, started, adoption.judge(names, replies, quorum)
 
 
 def _place(plan: base.Attempts) -> str:

@@ -1,0 +1,177 @@
+"""Handing a held lock to another process, and re-entering a lock one already holds (real servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+
+import pytest
+import redis
+
+from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+
+
+def stored(servers, resource):
+    out = []
+    for s in servers:
+        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
+            out.append(c.get(f"redlock:lock:{resource}"))
+    return out
+
+
+def take_over(urls, resource, token, fencing_token, queue):
+    """In another process: rebuild the handle, check it, extend it, read its token, release it."""
+    manager = LockManager(urls, restart_window=0)
+    try:
+        lock = manager.adopt(resource, token, ttl=20.0, fencing_token=fencing_token)
+        owned = lock.owned()
+        lock.extend()
+        queue.put((owned, lock.validity, lock.fencing_token, lock.release()))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        queue.put(repr(exc))
+    finally:
+        manager.close()
+
+
+def test_a_lock_taken_in_one_process_is_extended_and_released_in_another(mgr, servers):
+    lock = mgr.acquire(["invoice-7", "invoice-8"], ttl=5.0)
+    token = lock.fencing_token
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=take_over, args=(servers.urls, ["invoice-7", "invoice-8"], lock.token, token, queue))
+    child.start()
+    result = queue.get(timeout=30)
+    child.join(10)
+    owned, validity, fencing, released = result
+    assert owned is True
+    assert 15.0 < validity <= 20.0  # extended to the ttl the adopter asked for
+    assert fencing == token  # the token already issued travels with the handle
+    assert released is True
+    assert stored(servers, "invoice-7") == stored(servers, "invoice-8") == [None] * len(servers)
+    # The first handle now finds the lock gone, and says so.
+    assert lock.owned() is False and lock.lost
+
+
+def test_an_adopted_handle_is_valid_only_as_long_as_the_nodes_keep_the_key(mgr):
+    lock = mgr.acquire("short", ttl=2.0)
+    handle = mgr.adopt("short", lock.token)
+    assert 1.5 < handle.validity <= lock.validity + 0.01  # read from the nodes, never longer than theirs
+    assert handle.value == lock.value and handle.holder == lock.holder
+    with pytest.raises(LockNotAcquired):
+        mgr.acquire("short", blocking=False)  # still one lock, held through either handle
+    handle.release()
+    assert lock.owned() is False
+
+
+def test_a_new_fencing_token_from_an_adopted_handle_is_higher(mgr):
+    lock = mgr.acquire("fenced")
+    first = lock.fencing_token
+    handle = mgr.adopt("fenced", lock.token)
+    assert handle.fencing_token > first
+    handle.release()
+
+
+def test_adopting_a_released_or_unknown_lock_is_refused(mgr):
+    lock = mgr.acquire("gone")
+    lock.release()
+    with pytest.raises(LockLost, match="0 of 5 nodes store the token's value"):
+        mgr.adopt("gone", lock.token)
+    other = mgr.acquire("gone")
+    with pytest.raises(LockLost):
+        mgr.adopt("gone", lock.token)  # another holder's value is there now: never adopted
+    other.release()
+
+
+def test_adopting_with_too_few_nodes_answering_says_so(mgr, servers):
+    lock = mgr.acquire("dark")
+    for s in servers[:3]:
+        s.pause()
+    with pytest.raises(QuorumUnavailable, match="too few answered"):
+        mgr.adopt("dark", lock.token)
+    servers.heal()
+    lock.release()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"token": ""}, "token must be"),
+        ({"token": 5}, "token must be"),
+        ({"token": "t", "fencing_token": "3"}, "fencing_token must be an int"),
+        ({"token": "t", "ttl": -1}, "ttl must be"),
+    ],
+)
+def test_adopt_checks_its_arguments(mgr, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mgr.adopt("r", **kwargs)
+
+
+def test_acquiring_what_this_thread_holds_says_so(mgr):
+    held = mgr.acquire("mine")
+    with pytest.raises(LockNotAcquired, match="held by this very thread 'MainThread'.*reentrant=True"):
+        mgr.acquire("mine", blocking=False)
+    errors = []
+
+    def elsewhere():
+        try:
+            mgr.acquire("mine", blocking=False)
+        except LockNotAcquired as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=elsewhere, name="worker-2")
+    t.start()
+    t.join(10)
+    assert "This process holds 'mine', in thread 'MainThread'." in errors[0]
+    assert "this very" not in errors[0]
+    held.release()
+
+
+def test_reentrant_locks_count_entries_and_release_on_the_outermost(mgr, servers):
+    with mgr.lock(["ra", "rb"], reentrant=True, auto_extend=True) as outer:
+        with mgr.lock("ra", reentrant=True) as inner:  # part of what is held: entered again
+            assert inner is outer
+            assert outer._depth == 2
+        assert outer.locked() and stored(servers, "ra")[0] == outer.value.encode()
+        again = mgr.acquire(["rb", "ra"], reentrant=True)
+        assert again is outer and again.release() is True and outer.locked()
+        with pytest.raises(LockNotAcquired, match="covers only part of it"):
+            mgr.acquire(["ra", "rc"], reentrant=True)
+    assert not outer.locked()
+    assert stored(servers, "ra") == stored(servers, "rb") == [None] * len(servers)
+
+
+def test_reentry_is_per_thread(mgr):
+    outer = mgr.acquire("per-thread", reentrant=True)
+    got = []
+
+    def other():
+        try:
+            mgr.acquire("per-thread", reentrant=True, blocking=False)
+        except LockNotAcquired:
+            got.append("refused")
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10)
+    assert got == ["refused"]  # another thread does not hold it: it must wait like anyone else
+    outer.release()
+
+
+async def test_reentry_is_per_asyncio_task_and_async_adopt_works(servers):
+    m = AsyncLockManager(servers.urls, restart_window=0)
+    async with m.lock("task", reentrant=True) as outer:
+        inner = await m.acquire("task", reentrant=True)
+        assert inner is outer
+        await inner.release()
+        assert outer.locked()
+
+        async def other_task():
+            with pytest.raises(LockNotAcquired):
+                await m.acquire("task", reentrant=True, blocking=False)
+
+        await asyncio.create_task(other_task())
+        handle = await m.adopt("task", outer.token)
+        assert await handle.owned()
+    await m.aclose()
