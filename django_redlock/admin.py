@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
+from django_redlock.core.records import STATE_WORDS
 from django_redlock.models import Lock
 
 PER_PAGE = 100
@@ -218,6 +219,7 @@ def _row(record: Any) -> dict[str, Any]:
         "total": record.total,
         "waiting": record.waiting,
         "state": record.state,
+        "state_words": _(STATE_WORDS[record.state]),
         "down": record.down,
     }
 

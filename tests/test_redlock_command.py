@@ -84,7 +84,7 @@ def test_list_counts_calls_waiting_and_drops_those_that_give_up(waiters):
     lines = run("list")[0].splitlines()
     assert lines[0].split() == ["RESOURCE", "STATE", "NODES", "TTL", "WAITING", "HOLDER"]
     row = next(line.split() for line in lines if line.startswith("orders-9 "))
-    assert row[1:3] == ["held", "5/5"] and row[4] == "3"
+    assert row[1:6] == ["held", "by", "a", "quorum", "5/5"] and row[7] == "3"  # the admin's words
     eventually(lambda: len(waiters.outcomes) == 2)
     assert waiting()["orders-9"] == 1  # the two that gave up left the line with their release
     held.release()
@@ -100,3 +100,43 @@ def test_list_never_shows_passwords(settings, servers):
     assert "secret-orders" in out and "3/5" in out and err.count("did not answer") == 2
     data = run("list", "--json")[0]
     assert json.loads(data)[0]["down"] and "List-Secret-7" not in out + err + data
+
+
+def test_list_names_unreachable_nodes_even_with_no_locks(servers):
+    servers[4].kill()
+    out, err = run("list")
+    name = get_lock_manager().nodes[4]
+    assert out.strip() == "No live locks." and f"Node {name} did not answer" in err
+    for s in servers[:3]:
+        s.kill()
+    with pytest.raises(CommandError) as info:
+        run("list")  # "No live locks." from one node of five would be a guess, not an answer
+    assert info.value.returncode == 2 and "Only 1 of 5 nodes answered, 3 needed" in str(info.value)
+
+
+def test_release_reports_the_nodes_it_could_not_reach(servers):
+    get_lock_manager().acquire("orders-77", ttl=20)
+    servers[0].kill()
+    out, err = run("release", "orders-77")
+    assert "Released 'orders-77' on 4 of 5 nodes." in out
+    name = get_lock_manager().nodes[0]
+    assert f"Node {name} did not answer" in err and "expires with its ttl" in err
+    data = json.loads(run("release", "orders-77", "--json")[0])
+    assert data["nodes"] == 0 and list(data["unreachable"]) == [name]
+    servers[1].kill()
+    servers[2].kill()
+    with pytest.raises(CommandError) as info:
+        run("release", "orders-77")
+    assert info.value.returncode == 2 and "may still be held" in str(info.value)
+
+
+def test_status_reports_the_timeout_it_used_and_json_types(servers):
+    servers[3].pause()
+    out, _ = run("status", "--timeout", "0.3")
+    assert "no reply within 300 ms" in out
+    data = json.loads(run("status", "--json", "--timeout", "0.3")[0])
+    up = data["nodes"][0]
+    assert up["persistence"]["aof_enabled"] in (True, False)
+    assert all(isinstance(v, bool) for k, v in up["persistence"].items() if k != "appendfsync")
+    assert isinstance(up["votes"], bool) and isinstance(up["latency_ms"], float)
+    assert data["nodes"][3]["error"] == "no reply within 300 ms"

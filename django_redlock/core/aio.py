@@ -29,7 +29,7 @@ from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
 from django_redlock.core.nodes import Node, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
-from django_redlock.core.records import LockRecord, NodeStatus
+from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
@@ -552,15 +552,23 @@ class AsyncLockManager(ManagerBase):
         return base.locked_of(resource, self.node_list, results, self.quorum)
 
     async def force_release(self, resource: str) -> int:
+        return (await self.force_release_detail(resource)).deleted
+
+    async def force_release_detail(self, resource: str) -> ForcedRelease:
         key = self.key(resource)
         timeout = max(self.config.node_timeout, 0.5)
         results = await self._fanout([("DEL", key)] * len(self.node_list), timeout)
         wake = self.config.release_command((resource,), "")  # wake whoever waits in line
         await self._fanout([wake] * len(self.node_list), timeout, script=RELEASE)
-        return base.count(results, lambda r: r == 1)
+        return base.forced_release(resource, self.node_list, results)
 
     async def live_locks(self, match: str | None = None) -> AsyncIterator[LockRecord]:
         """Async version of :meth:`LockManager.live_locks`."""
+        for record in (await self.lock_listing(match)).records:
+            yield record
+
+    async def lock_listing(self, match: str | None = None) -> LockListing:
+        """Async version of :meth:`LockManager.lock_listing`."""
         scan = Scan(self.config, self.node_list, self.quorum, match)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
         while scan.running:
@@ -568,8 +576,7 @@ class AsyncLockManager(ManagerBase):
             inspect = scan.inspect_commands(commands, await self._fanout(commands, timeout))
             if any(inspect):
                 scan.take(inspect, await self._fanout(inspect, timeout, script=INSPECT))
-        for record in scan.records():
-            yield record
+        return scan.listing()
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.rounds import Failure
-from django_redlock.core.records import Holder, LockRecord, NodeEntry
+from django_redlock.core.records import ForcedRelease, Holder, LockListing, LockRecord, NodeEntry
 from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, Script, script_command
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
@@ -495,6 +495,12 @@ class Adoption:
         )
 
 
+def forced_release(resource: str, nodes: Sequence[Any], results: Sequence[Any]) -> ForcedRelease:
+    """Judge the DEL replies of a forced release."""
+    unreachable = {node.name: r.reason for node, r in zip(nodes, results) if isinstance(r, Failure)}
+    return ForcedRelease(resource, count(results, lambda r: r == 1), len(nodes), unreachable)
+
+
 def retry_after_of(results: Sequence[Any], quorum: int) -> float | None:
     """Seconds until fewer than a quorum of nodes hold the key, from PTTL replies."""
     ttls = sorted(
@@ -580,7 +586,7 @@ class Scan:
         self.nodes = nodes
         self.quorum = quorum
         self.cursors: list[int | None] = [0] * len(nodes)
-        self.down: set[str] = set()
+        self.down: dict[str, str] = {}
         self.found: dict[str, dict[str, NodeEntry]] = {}
         self.page_keys: list[list[str]] = []
         self.holders: dict[bytes, Holder] = {}
@@ -602,7 +608,7 @@ class Scan:
             keys: list[str] = []
             if commands[i] is not None:
                 if isinstance(page, Failure):
-                    self.down.add(self.nodes[i].name)
+                    self.down[self.nodes[i].name] = page.reason
                     self.cursors[i] = None
                 else:
                     cursor, raw_keys = page
@@ -618,7 +624,7 @@ class Scan:
                 continue
             name = self.nodes[i].name
             if isinstance(reply, Failure):
-                self.down.add(name)
+                self.down[name] = reply.reason
                 self.cursors[i] = None
                 continue
             holders = self.holders
@@ -633,6 +639,9 @@ class Scan:
                     if holder is None:  # the same value sits on every node: decode it once
                         holder = holders[raw] = Holder.decode(raw)
                     self.found.setdefault(key, {})[name] = NodeEntry(name, holder, ttl, waiting.get(j + 1, 0))
+
+    def listing(self) -> LockListing:
+        return LockListing(tuple(self.records()), dict(self.down), len(self.nodes), self.quorum)
 
     def records(self) -> list[LockRecord]:
         order = {node.name: n for n, node in enumerate(self.nodes)}

@@ -12,7 +12,7 @@ from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Reso
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
-from django_redlock.core.records import LockRecord, NodeStatus
+from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE
 
 __all__ = ["LockManager"]
@@ -263,23 +263,33 @@ class LockManager(ManagerBase):
     def force_release(self, resource: str) -> int:
         """Delete ``resource``'s lock key on every node, whoever holds it.
 
-        For operators: the holder is not told. Returns how many nodes had the key.
+        For operators: the holder is not told. Returns how many nodes had the
+        key; :meth:`force_release_detail` also says which nodes did not answer.
         """
+        return self.force_release_detail(resource).deleted
+
+    def force_release_detail(self, resource: str) -> ForcedRelease:
+        """:meth:`force_release`, reporting the nodes that did not answer (their key expires by itself)."""
         key = self.key(resource)
         nodes = self.node_list
         timeout = max(self.config.node_timeout, 0.5)
         results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=timeout)
         # Wake whoever waits in line (a release of no value: nothing else is touched).
         fanout(nodes, [self.config.release_command((resource,), "")] * len(nodes), timeout=timeout, script=RELEASE)
-        return base.count(results, lambda r: r == 1)
+        return base.forced_release(resource, nodes, results)
 
     def live_locks(self, match: str | None = None) -> Iterator[LockRecord]:
         """Yield one record per resource with a lock key on any node, sorted by resource.
 
         Scans every node with SCAN (never KEYS), reading each page's values
         and ttls in the same round. ``match`` keeps resources containing that
-        text. A node that fails is listed in each record's ``down``.
+        text. A node that fails is listed in each record's ``down``; use
+        :meth:`lock_listing` to learn about it when there are no records.
         """
+        yield from self.lock_listing(match).records
+
+    def lock_listing(self, match: str | None = None) -> LockListing:
+        """:meth:`live_locks` as a whole: the records and the nodes that could not be read."""
         scan = Scan(self.config, self.node_list, self.quorum, match)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
         while scan.running:
@@ -287,7 +297,7 @@ class LockManager(ManagerBase):
             inspect = scan.inspect_commands(commands, fanout(self.node_list, commands, timeout=timeout))
             if any(inspect):
                 scan.take(inspect, fanout(self.node_list, inspect, timeout=timeout, script=INSPECT))
-        yield from scan.records()
+        return scan.listing()
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         """Ask every node for INFO; a node that does not answer is reported, not raised."""
@@ -352,11 +362,14 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
         error = str(reply) if reply else "no reply"
         return NodeStatus(node.name, False, error=error, votes=False, not_voting_reason=error, **common)
     info = parse_info(reply)
-    persistence = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
+    # INFO's 0/1 flags as booleans; appendfsync as its word ("always", "everysec", "no").
+    persistence: dict[str, bool | str] = {
+        k: info[k] == "1" for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info
+    }
     if isinstance(fsync, list) and len(fsync) == 2:
         persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
-    durable = declared or (persistence.get("aof_enabled") == "1" and persistence.get("appendfsync") == "always")
+    durable = declared or (persistence.get("aof_enabled") is True and persistence.get("appendfsync") == "always")
     sits_out = max(0.0, window - uptime) if uptime is not None and not durable and window > 0 else 0.0
     role = info.get("role")
     why = None

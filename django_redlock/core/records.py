@@ -136,6 +136,39 @@ class LockRecord:
         return "split" if len(tokens) > 1 else "minority"
 
 
+#: What each state of a :class:`LockRecord` is called wherever locks are listed (command, admin).
+STATE_WORDS = {
+    "held": "held by a quorum",
+    "split": "split between holders",
+    "minority": "minority left-over",
+}
+
+
+@dataclass(frozen=True)
+class LockListing:
+    """The live locks, and the nodes whose keys could not be read (name -> why)."""
+
+    records: tuple[LockRecord, ...]
+    down: dict[str, str]
+    total: int
+    quorum: int
+
+    @property
+    def trustworthy(self) -> bool:
+        """False when too few nodes answered: a lock held on a quorum may be missing from the listing."""
+        return self.total - len(self.down) >= self.quorum
+
+
+@dataclass(frozen=True)
+class ForcedRelease:
+    """What ``force_release()`` did: how many nodes had the key, and which did not answer (name -> why)."""
+
+    resource: str
+    deleted: int
+    total: int
+    unreachable: dict[str, str]
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     """What ``node_status()`` learned about one node."""

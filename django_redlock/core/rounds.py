@@ -482,7 +482,7 @@ class Round:
             if self.grace and not late:
                 self.results[i] = Failure("not awaited: the outcome was already known", answered=True)
             else:
-                self.results[i] = Failure(f"no reply within {ms_text(self.books[i].node_timeout)}")
+                self.results[i] = Failure(f"no reply within {ms_text(self.timeout)}")  # this round's own wait
             left.append((i, conn))
         self.waiting = {}
         return left

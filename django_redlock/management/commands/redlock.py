@@ -8,6 +8,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_redlock.core.records import STATE_WORDS
 from django_redlock.exceptions import LockError
 
 
@@ -43,34 +44,58 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
     def do_list(self, manager: Any, options: dict[str, Any]) -> None:
-        records = list(manager.live_locks(match=options["match"]))
+        listing = manager.lock_listing(match=options["match"])
+        records = listing.records
         if options["json"]:
             self.stdout.write(json.dumps([record_json(r) for r in records], indent=2))
-            return
-        down = sorted({name for r in records for name in r.down})
-        if not records:
-            self.stdout.write("No live locks.")
+        elif not records:
+            self.stdout.write("No live locks." if listing.trustworthy else "No live locks on the nodes that answered.")
         else:
             width = max(8, *(len(r.resource) for r in records))
-            self.stdout.write(f"{'RESOURCE':<{width}}  {'STATE':<8}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER")
+            words = max(len(w) for w in STATE_WORDS.values())
+            self.stdout.write(
+                f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"
+            )
             for r in records:
                 holder = str(r.holder) if r.holder else "?"
                 nodes = f"{r.nodes_holding}/{r.total}"
                 style = self.style.SUCCESS if r.state == "held" else self.style.WARNING
-                state = style(f"{r.state:<8}")
+                state = style(f"{STATE_WORDS[r.state]:<{words}}")
                 self.stdout.write(f"{r.resource:<{width}}  {state}  {nodes:>5}  {r.ttl:>7.1f}s  {r.waiting:>7}  {holder}")
-        for name in down:
-            self.stderr.write(self.style.WARNING(f"Node {name} did not answer; its keys are not listed."))
+        for name, why in listing.down.items():
+            self.stderr.write(self.style.WARNING(f"Node {name} did not answer ({why}); its keys are not listed."))
+        if not listing.trustworthy:
+            answered = listing.total - len(listing.down)
+            raise CommandError(
+                f"Only {answered} of {listing.total} nodes answered, {listing.quorum} needed: a lock held on a "
+                "quorum may be missing from this list.",
+                returncode=2,
+            )
 
     def do_release(self, manager: Any, options: dict[str, Any]) -> None:
         resource = options["resource"]
-        deleted = manager.force_release(resource)
+        done = manager.force_release_detail(resource)
         if options["json"]:
-            self.stdout.write(json.dumps({"resource": resource, "nodes": deleted, "total": len(manager.nodes)}))
-        elif deleted:
-            self.stdout.write(self.style.SUCCESS(f"Released {resource!r} on {deleted} of {len(manager.nodes)} nodes."))
+            self.stdout.write(
+                json.dumps(
+                    {"resource": resource, "nodes": done.deleted, "total": done.total, "unreachable": done.unreachable}
+                )
+            )
+        elif done.deleted:
+            self.stdout.write(self.style.SUCCESS(f"Released {resource!r} on {done.deleted} of {done.total} nodes."))
         else:
-            self.stdout.write(f"No node held a lock on {resource!r}.")
+            which = "that answered " if done.unreachable else ""
+            self.stdout.write(f"No node {which}held a lock on {resource!r}.")
+        for name, why in done.unreachable.items():
+            self.stderr.write(
+                self.style.WARNING(f"Node {name} did not answer ({why}); a key there expires with its ttl.")
+            )
+        if len(done.unreachable) >= manager.quorum:
+            raise CommandError(
+                f"{len(done.unreachable)} of {done.total} nodes did not answer: the lock may still be held on a "
+                "quorum until its keys expire.",
+                returncode=2,
+            )
 
     def do_status(self, manager: Any, options: dict[str, Any]) -> None:
         statuses = manager.node_status(timeout=options["timeout"])
@@ -96,7 +121,7 @@ class Command(BaseCommand):
         latency = f"{s.latency * 1000:6.2f} ms" if s.latency is not None else "     ? ms"
         if s.fsync_declared:
             persistence = "fsync always (declared)"
-        elif s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") == "1":
+        elif s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") is True:
             persistence = "fsync always"
         else:
             persistence = "no fsync per write"
