@@ -18,8 +18,10 @@ __all__ = [
     "LockNotAcquired",
     "QuorumUnavailable",
     "StaleToken",
+    "async_lock_manager",
     "get_async_lock_manager",
     "get_lock_manager",
+    "lock_manager",
     "redlock",
     "redlock_command",
 ]
@@ -31,8 +33,10 @@ _LAZY = {
     "AsyncLockManager": "django_redlock.core",
     "Lock": "django_redlock.core",
     "LockManager": "django_redlock.core",
+    "async_lock_manager": "django_redlock.manager",
     "get_async_lock_manager": "django_redlock.manager",
     "get_lock_manager": "django_redlock.manager",
+    "lock_manager": "django_redlock.manager",
     "redlock": "django_redlock.decorators",
     "redlock_command": "django_redlock.decorators",
 }
@@ -40,7 +44,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from django_redlock.core import AsyncLock, AsyncLockManager, Lock, LockManager
     from django_redlock.decorators import redlock, redlock_command
-    from django_redlock.manager import get_async_lock_manager, get_lock_manager
+    from django_redlock.manager import async_lock_manager, get_async_lock_manager, get_lock_manager, lock_manager
 
 
 def __getattr__(name: str) -> Any:

@@ -126,18 +126,35 @@ def _server(node: Any) -> str:
     return f"{host}:{node.port}"
 
 
+def _node_errors() -> tuple[list[Any], list[Any]]:
+    """The parsed nodes, and one error per bad ``REDLOCK_NODES`` entry (all of them, not the first)."""
+    from django_redlock.core.nodes import node_from_spec
+
+    try:
+        entries = conf.node_entries()
+    except ImproperlyConfigured as exc:
+        return [], [Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
+    nodes, errors = [], []
+    for i, entry in enumerate(entries):
+        try:
+            nodes.append(node_from_spec(conf.resolve_node(entry, i), 0.05, f"REDLOCK_NODES[{i}]"))
+        except (ImproperlyConfigured, ValueError) as exc:
+            errors.append(Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS))
+    return nodes, errors
+
+
 @register(TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """Validate REDLOCK and REDLOCK_NODES and the shape of the topology (no I/O)."""
-    try:
+    """Validate REDLOCK and REDLOCK_NODES and the shape of the topology (no I/O); every problem at once."""
+    problems = conf.config_problems()
+    errors = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
+    if not problems:
         config = conf.get_config()
-    except ImproperlyConfigured as exc:
-        return [Error(str(exc), hint="Fix the REDLOCK setting.", id=Codes.OPTIONS)]
-    errors = _max_ttl_errors(config)
-    try:
-        nodes = _nodes()
-    except (ImproperlyConfigured, ValueError) as exc:
-        return [*errors, Error(str(exc), hint="Fix REDLOCK_NODES.", id=Codes.SETTINGS)]
+        errors += _max_ttl_errors(config)
+    nodes, node_errors = _node_errors()
+    errors += node_errors
+    if node_errors or problems:
+        return errors
     servers = Counter(_server(node) for node in nodes)
     distinct = len(servers)
     if distinct < 3:

@@ -7,6 +7,7 @@ for either setting clears the cache and closes the managers built from it.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from functools import lru_cache
@@ -53,29 +54,49 @@ ENGINE_KEYS = {
 }
 
 NUMBERS = {"TTL", "RETRY_DELAY", "RETRY_JITTER", "CLOCK_DRIFT_FACTOR", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"}
+POSITIVE = {"TTL", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"}
+#: Setting names people type for ours.
+MISSPELT = {
+    "REDLOCK_NODE": "REDLOCK_NODES",
+    "REDLOCK_SERVERS": "REDLOCK_NODES",
+    "REDLOCK_MASTERS": "REDLOCK_NODES",
+    "REDLOCK_CONFIG": "REDLOCK",
+    "REDLOCK_SETTINGS": "REDLOCK",
+    "REDLOCK_OPTIONS": "REDLOCK",
+}
 
 
 @lru_cache(maxsize=1)
 def get_config() -> dict[str, Any]:
-    """``DEFAULTS`` overlaid with ``settings.REDLOCK``; unknown keys are an error."""
+    """``DEFAULTS`` overlaid with ``settings.REDLOCK``; raises naming every problem at once."""
+    problems = config_problems()
+    if problems:
+        raise ImproperlyConfigured(" ".join(problems))
+    return {**DEFAULTS, **(getattr(settings, "REDLOCK", None) or {})}
+
+
+def config_problems() -> list[str]:
+    """Every problem with ``settings.REDLOCK`` (and a misspelt setting name), one message each."""
+    problems = [
+        f"settings.{name} is not a django-redlock setting; did you mean {meant}?"
+        for name, meant in MISSPELT.items()
+        if hasattr(settings, name)
+    ]
     user = getattr(settings, "REDLOCK", None) or {}
     if not isinstance(user, Mapping):
-        raise ImproperlyConfigured(f"REDLOCK must be a dict of engine defaults; got {type(user).__name__}.")
-    unknown = sorted(set(user) - set(DEFAULTS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"REDLOCK has unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"valid keys: {', '.join(sorted(DEFAULTS))}."
-        )
+        return [*problems, f"REDLOCK must be a dict of engine defaults; got {type(user).__name__}."]
+    for key in sorted(set(user) - set(DEFAULTS), key=str):
+        close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(DEFAULTS))}."
+        problems.append(f"REDLOCK has an unknown key {key!r}; {hint}")
     config = {**DEFAULTS, **user}
-    for key in NUMBERS:
+    for key in sorted(NUMBERS):
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ImproperlyConfigured(f"REDLOCK['{key}'] must be a finite number of seconds >= 0; got {value!r}.")
-    for key in ("TTL", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"):
-        if config[key] <= 0:
-            raise ImproperlyConfigured(f"REDLOCK['{key}'] must be greater than 0; got {config[key]!r}.")
-    return config
+            problems.append(f"REDLOCK['{key}'] must be a finite number of seconds >= 0; got {value!r}.")
+        elif key in POSITIVE and value <= 0:
+            problems.append(f"REDLOCK['{key}'] must be greater than 0; got {value!r}.")
+    return problems
 
 
 def engine_options() -> dict[str, Any]:
@@ -96,11 +117,18 @@ def check_max_ttl(ttl: float | None) -> None:
 
 
 def get_nodes() -> list[Any]:
-    """``REDLOCK_NODES`` with ``cache:<alias>`` entries resolved to django-redis clients."""
+    """``REDLOCK_NODES`` with ``cache:<alias>`` entries resolved to their caches' clients."""
+    return [resolve_node(node, i) for i, node in enumerate(node_entries())]
+
+
+def node_entries() -> list[Any]:
+    """``REDLOCK_NODES`` as written, once it is a non-empty list."""
     nodes = getattr(settings, "REDLOCK_NODES", None)
     if nodes is None:
+        typo = next((f" (settings.{n} is set: rename it)" for n, m in MISSPELT.items() if m == "REDLOCK_NODES"
+                     and hasattr(settings, n)), "")
         raise ImproperlyConfigured(
-            "REDLOCK_NODES is not set. List your independent Redis masters, e.g. "
+            f"REDLOCK_NODES is not set{typo}. List your independent Redis masters, e.g. "
             "REDLOCK_NODES = ['redis://redis-a:6379/0', 'redis://redis-b:6379/0', 'redis://redis-c:6379/0']."
         )
     if isinstance(nodes, (str, bytes, Mapping)) or not isinstance(nodes, (list, tuple)):
@@ -109,18 +137,19 @@ def get_nodes() -> list[Any]:
         )
     if not nodes:
         raise ImproperlyConfigured("REDLOCK_NODES is empty; list at least one (better: three or more) Redis masters.")
-    resolved = []
-    for i, node in enumerate(nodes):
-        if isinstance(node, str) and node.startswith("cache:"):
-            resolved.append(cache_client(node[len("cache:") :], i))
-        elif isinstance(node, (str, Mapping)):
-            resolved.append(node)
-        else:
-            raise ImproperlyConfigured(
-                f"REDLOCK_NODES[{i}] must be a Redis URL, a dict with 'URL' (and 'OPTIONS'), or 'cache:<alias>'; "
-                f"got {type(node).__name__}."
-            )
-    return resolved
+    return list(nodes)
+
+
+def resolve_node(node: Any, index: int) -> Any:
+    """One ``REDLOCK_NODES`` entry: a URL or dict as it is, ``cache:<alias>`` as that cache's client."""
+    if isinstance(node, str) and node.startswith("cache:"):
+        return cache_client(node[len("cache:") :], index)
+    if isinstance(node, (str, Mapping)):
+        return node
+    raise ImproperlyConfigured(
+        f"REDLOCK_NODES[{index}] must be a Redis URL, a dict with 'URL' (and 'OPTIONS'), or 'cache:<alias>'; "
+        f"got {type(node).__name__}."
+    )
 
 
 def cache_client(alias: str, index: int) -> Any:
@@ -132,16 +161,21 @@ def cache_client(alias: str, index: int) -> Any:
             f"(known: {', '.join(sorted(caches)) or 'none'})."
         )
     from django.core.cache import caches as django_caches
+    from django.core.cache.backends.redis import RedisCache
 
     cache = django_caches[alias]
-    client = getattr(cache, "client", None)
-    get_client = getattr(client, "get_client", None)
+    if isinstance(cache, RedisCache):  # Django's own Redis backend
+        servers, get_client = cache._servers, cache._cache.get_client
+    else:  # django-redis
+        client = getattr(cache, "client", None)
+        get_client = getattr(client, "get_client", None)
+        servers = getattr(client, "_server", None) or []
     if get_client is None:
         raise ImproperlyConfigured(
-            f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a django-redis cache "
-            f"(BACKEND = {caches[alias].get('BACKEND')!r}); use 'django_redis.cache.RedisCache' or a URL."
+            f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a Redis cache "
+            f"(BACKEND = {caches[alias].get('BACKEND')!r}); use 'django.core.cache.backends.redis.RedisCache', "
+            "'django_redis.cache.RedisCache' or a URL."
         )
-    servers = getattr(client, "_server", None) or []
     if len(servers) > 1:
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}]: cache {alias!r} lists {len(servers)} servers (a primary and replicas); "

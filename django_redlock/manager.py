@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf, signals
 from django_redlock.core import AsyncLockManager, Hooks, LockManager
 
-__all__ = ["get_async_lock_manager", "get_lock_manager", "reset"]
+__all__ = ["async_lock_manager", "get_async_lock_manager", "get_lock_manager", "lock_manager", "reset"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -80,6 +81,31 @@ def get_lock_manager() -> LockManager:
 def get_async_lock_manager() -> AsyncLockManager:
     """The process-wide :class:`~django_redlock.core.AsyncLockManager` (connections per event loop)."""
     return _get("async", AsyncLockManager)
+
+
+class _Current:
+    """Stands for the manager the settings describe now: every attribute is looked up on it per use.
+
+    Keep this at module level (``from django_redlock import lock_manager``),
+    not the result of ``get_lock_manager()``: that object keeps the nodes it
+    was built with after ``override_settings`` or a settings change, and
+    its connections are closed by the change.
+    """
+
+    def __init__(self, get: Callable[[], Any]) -> None:
+        self._get = get
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def __repr__(self) -> str:
+        return f"<current {self._get()!r}>"
+
+
+#: The current :class:`~django_redlock.core.LockManager`, safe to keep at module level.
+lock_manager: LockManager = cast(LockManager, _Current(get_lock_manager))
+#: The current :class:`~django_redlock.core.AsyncLockManager`, safe to keep at module level.
+async_lock_manager: AsyncLockManager = cast(AsyncLockManager, _Current(get_async_lock_manager))
 
 
 def reset() -> None:

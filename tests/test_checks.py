@@ -51,7 +51,7 @@ def test_timeout_against_ttl(settings, servers):
         ([42], "REDLOCK_NODES[0] must be a Redis URL"),
         (["http://x:1"], "REDLOCK_NODES[0]: unsupported scheme 'http'"),
         (["cache:nope"], "CACHES has no alias 'nope'"),
-        (["cache:locmem"], "not a django-redis cache"),
+        (["cache:locmem"], "not a Redis cache"),
         ([{"URL": "redis://x", "OPTIONS": 3}], "'OPTIONS' must be a dict"),
     ],
 )
@@ -69,7 +69,7 @@ def test_bad_nodes_are_errors(settings, nodes, text):
 @pytest.mark.parametrize(
     ("redlock", "text"),
     [
-        ({"TLL": 3}, "unknown key(s) 'TLL'"),
+        ({"TLL": 3}, "unknown key 'TLL'; did you mean 'TTL'"),
         ({"TTL": -1}, "REDLOCK['TTL'] must be a finite number"),
         ({"NODE_TIMEOUT": 0}, "REDLOCK['NODE_TIMEOUT'] must be greater than 0"),
         ("fast", "REDLOCK must be a dict"),

@@ -122,6 +122,10 @@ def _display_url(url: str) -> str:
 
 
 def _check_url(url: str, where: str) -> None:
+    if "://" not in url and not url.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)):
+        bare = "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+        meant = f"redis://{bare}" + ("" if "/" in bare else "/0")
+        raise ValueError(f"{where}: {bare!r} has no scheme; did you mean {meant!r}?")
     shown = _display_url(url)
     try:
         parts = urlsplit(url)
