@@ -14,7 +14,7 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
@@ -151,13 +151,42 @@ class Keys:
 
 
 def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest | None:
+    """The view's request among the first arguments (a REST framework Request: the request it wraps)."""
     for value in (*args[:2], kwargs.get("request")):
         if isinstance(value, HttpRequest):
             return value
+        wrapped = getattr(value, "_request", None)  # rest_framework.request.Request
+        if isinstance(wrapped, HttpRequest):
+            wrapped._redlock_api = True  # type: ignore[attr-defined]  # answered in JSON
+            return wrapped
     return None
 
 
+def wants_json(request: HttpRequest) -> bool:
+    """True when the client prefers JSON to HTML (Accept), or the view is a REST framework view."""
+    if getattr(request, "_redlock_api", False):
+        return True
+    best: dict[str, tuple[float, int]] = {}
+    for order, part in enumerate(request.headers.get("Accept", "").split(",")):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            if param.startswith("q="):
+                try:
+                    q = float(param[2:])
+                except ValueError:
+                    q = 0.0
+        kind = "json" if media == "application/json" or media.endswith("+json") else "html" if media == "text/html" else ""
+        if kind and (kind not in best or q > best[kind][0]):
+            best[kind] = (q, -order)
+    json_rank, html_rank = best.get("json"), best.get("html")
+    return json_rank is not None and json_rank[0] > 0 and (html_rank is None or json_rank > html_rank)
+
+
 # -- the contended response ---------------------------------------------------
+
+LOCKED_DETAIL = "Someone else is working on this right now. Please try again shortly."
+UNAVAILABLE_DETAIL = "The lock service cannot be reached right now. Please try again shortly."
 
 
 def locked_response(request: HttpRequest, error: LockNotAcquired) -> HttpResponse:
@@ -165,22 +194,39 @@ def locked_response(request: HttpRequest, error: LockNotAcquired) -> HttpRespons
 
     When too few lock nodes answered (:class:`~django_redlock.exceptions.QuorumUnavailable`)
     nobody holds the lock: the answer is 503 Service Unavailable instead.
+    A client that prefers JSON (``Accept``), and a REST framework view, get
+    ``{"detail": ..., "code": "locked" | "lock_service_unavailable",
+    "retry_after": seconds}`` instead of HTML. Neither says which nodes or
+    holders were involved.
     """
+    retry_after = retry_after_seconds(error)
+    if wants_json(request):
+        unavailable = isinstance(error, QuorumUnavailable)
+        response: HttpResponse = JsonResponse(
+            {
+                "detail": UNAVAILABLE_DETAIL if unavailable else LOCKED_DETAIL,
+                "code": "lock_service_unavailable" if unavailable else "locked",
+                "retry_after": retry_after,
+            },
+            status=503 if unavailable else 423,
+        )
+        response["Retry-After"] = str(retry_after)
+        return response
     if isinstance(error, QuorumUnavailable):
         response = HttpResponse(
             "<!doctype html><title>503 Service Unavailable</title><h1>Service unavailable</h1>"
-            "<p>The lock service cannot be reached right now. Please try again shortly.</p>",
+            f"<p>{UNAVAILABLE_DETAIL}</p>",
             status=503,
             content_type="text/html; charset=utf-8",
         )
     else:
         response = HttpResponse(
             "<!doctype html><title>423 Locked</title><h1>Locked</h1>"
-            "<p>Someone else is working on this right now. Please try again shortly.</p>",
+            f"<p>{LOCKED_DETAIL}</p>",
             status=423,
             content_type="text/html; charset=utf-8",
         )
-    response["Retry-After"] = str(retry_after_seconds(error))
+    response["Retry-After"] = str(retry_after)
     return response
 
 
