@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django_redlock.core import ledger
 from django_redlock.core.rounds import Failure
 from django_redlock.core.records import ForcedRelease, Holder, LockListing, LockRecord, NodeEntry
 from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, Script, script_command
@@ -392,6 +393,8 @@ def not_acquired(
     else:
         message = f"Could not lock {resource!r}{tries}: {granted} of {total} nodes agreed, {quorum} needed ({detail})."
         cls = LockNotAcquired
+    if any(ledger.DELAYED_RESTART in why for why in failures.values()):
+        message = f"{message} {ledger.RESTART_ADVICE}"
     if note:
         message = f"{message} {note}"
     return cls(

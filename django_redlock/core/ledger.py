@@ -20,6 +20,8 @@ with these classes, so the rules are written once:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -189,9 +191,25 @@ def vote_refusal(restart: Restart | None, window: float, now: float) -> str | No
     left = window - age
     if left <= 0:
         return None
+    return sits_out(age, left)
+
+
+#: Ends every "sits out" reason, so a failure can tell it from the others.
+DELAYED_RESTART = "(delayed-restart rule)"
+#: What to do about nodes that sit out: said once at the end of a failure that met them.
+RESTART_ADVICE = (
+    "A node restarted (or started fresh) without fsync-always persistence may have forgotten locks, so it "
+    "does not vote until the restart window has passed: wait, or for development and tests set "
+    "REDLOCK['RESTART_WINDOW'] = 0 (restart_window=0), or run the nodes with 'appendonly yes' and "
+    "'appendfsync always' (then they vote at once)."
+)
+
+
+def sits_out(age: float, left: float) -> str:
+    """How a node that sits out is described everywhere (failures, ``redlock status``, the admin)."""
     return (
-        f"restarted {age:.1f} s ago without fsync-always persistence; "
-        f"sits out for {left:.1f} s more (delayed restart)"
+        f"restarted {age:.0f} s ago without fsync-always persistence; sits out for "
+        f"{math.ceil(left)} s more {DELAYED_RESTART}"
     )
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from django_redlock.core import base, steps
+from django_redlock.core import base, ledger, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockContext
@@ -378,7 +378,7 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
     elif uptime is None and not durable:
         why = "INFO does not tell its uptime: its restart state cannot be known"
     elif sits_out:
-        why = f"restarted {uptime:.0f} s ago without fsync-always persistence: sits out {sits_out:.0f} s more"
+        why = ledger.sits_out(uptime, sits_out)
     return NodeStatus(
         node.name,
         True,
