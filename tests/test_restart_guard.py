@@ -60,16 +60,16 @@ def test_restarted_node_sits_out_until_the_window_passes(servers, caplog):
         guarded.acquire("guarded", blocking=False)
     assert lock.locked(), "the first lock is still valid: nobody else may hold it"
     reasons = [info.value.failures[guarded.nodes[i]] for i in (2, 3, 4)]
-    sitting_out = [r for r in reasons if "delayed restart" in r and "sits out" in r]
+    sitting_out = [r for r in reasons if "delayed-restart rule" in r and "sits out" in r]
     # Once the outcome is certain the rest is not awaited; node_status() below shows all three.
     assert sitting_out and all(r in sitting_out or r.startswith("not awaited") for r in reasons), reasons
     status = guarded.node_status()
     assert [s.sits_out_for > 0 for s in status] == [False, False, True, True, True]
-    logged = [r.getMessage() for r in caplog.records if "delayed restart" in r.getMessage()]
+    logged = [r.getMessage() for r in caplog.records if "delayed-restart rule" in r.getMessage()]
     assert len(logged) == 3 and all(r.levelname == "WARNING" for r in caplog.records if "delayed" in r.getMessage())
     with pytest.raises(LockNotAcquired):
         guarded.acquire("guarded", blocking=False)
-    assert len([r for r in caplog.records if "delayed restart" in r.getMessage()]) == 3  # once per restart
+    assert len([r for r in caplog.records if "delayed-restart rule" in r.getMessage()]) == 3  # once per restart
     # Once the window has passed (and the first lock has expired) node 2 votes again.
     time.sleep(TTL + 0.1)
     assert not lock.locked()
@@ -105,7 +105,7 @@ def test_durable_nodes_vote_at_once(tmp_path):
         mgr.close()
     with RedisServers(3) as fresh:
         mgr = LockManager(fresh.urls, ttl=30, retry_count=0)
-        with pytest.raises(LockNotAcquired, match="delayed restart"):
+        with pytest.raises(LockNotAcquired, match="delayed-restart rule"):
             mgr.acquire("fresh-and-volatile")
         mgr.close()
 
@@ -117,7 +117,7 @@ async def test_async_manager_applies_the_same_rule(servers):
     lock = hold_on_three(sync, servers)
     servers[2].restart()
     wait_reachable(sync)
-    with pytest.raises(LockNotAcquired, match="delayed restart"):
+    with pytest.raises(LockNotAcquired, match="delayed-restart rule"):
         await amgr.acquire("guarded", blocking=False)
     assert lock.locked()
     await amgr.aclose()
