@@ -22,7 +22,9 @@ from django_redlock import get_lock_manager  # noqa: E402
 setup_test_environment()
 call_command("migrate", verbosity=0)
 client = Client()
-assert client.get("/").status_code == 200
+index = client.get("/").content.decode()
+ports = os.environ["DEMO_REDIS_PORTS"]
+assert f"DEMO_REDIS_PORTS={ports} .venv/bin/python example_project/manage.py redlock list" in index
 
 manager = get_lock_manager()
 report = manager.acquire("report-1", ttl=10)
@@ -32,6 +34,7 @@ for url in ("/slow/1/", "/async/1/", "/cbv/1/"):
     assert response.status_code == 423, (url, response.status_code)
     assert 1 <= int(response["Retry-After"]) <= 10
     assert b"423 Locked" in response.content
+    assert b"127.0.0.1" not in response.content and b":71" not in response.content  # no node addresses
 
 get_user_model().objects.create_superuser("demo", "demo@example.com", "pw")
 client.login(username="demo", password="pw")

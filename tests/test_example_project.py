@@ -54,3 +54,16 @@ def test_pages_423_admin_and_fencing(tmp_path):
         )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "example project OK" in result.stdout
+
+
+def test_nightly_report_runs_exactly_the_seconds_asked(tmp_path):
+    from django_redlock.testing import RedisServers
+
+    durable = ["--appendonly", "yes", "--appendfsync", "always"]
+    with RedisServers(3, extra_args=durable) as masters:
+        ports = ",".join(str(s.port) for s in masters)
+        result = manage("nightly_report", "--seconds", "5.3", DEMO_REDIS_PORTS=ports)
+    assert result.returncode == 0, result.stderr
+    progress = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("…")]
+    # Steps of at most 5 s, the last one cut to the deadline (a whole second step would end at 10 s).
+    assert progress == ["… 5 s", "… 5 s"], result.stdout

@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+from django.conf import settings
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.views import View
@@ -16,13 +17,16 @@ WORK_SECONDS = 8
 
 
 def index(request):
-    return render(request, "shop/index.html", {"nodes": get_lock_manager().nodes, "seconds": WORK_SECONDS})
+    ports = ",".join(str(port) for port in settings.REDIS_PORTS)
+    context = {"nodes": get_lock_manager().nodes, "seconds": WORK_SECONDS, "ports": ports}
+    return render(request, "shop/index.html", context)
 
 
 def locked(request, error):
     """REDLOCK['LOCKED_RESPONSE']: a friendlier 423 page with the same Retry-After."""
     seconds = retry_after_seconds(error)
-    response = render(request, "shop/locked.html", {"error": error, "seconds": seconds}, status=423)
+    # Only the wait: the error's text names the lock nodes, which end users must not see.
+    response = render(request, "shop/locked.html", {"seconds": seconds}, status=423)
     response["Retry-After"] = str(seconds)
     return response
 

@@ -17,8 +17,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         seconds = options["seconds"]
         self.stdout.write(f"Working for {seconds:.0f} s; the 10 s lock is extended while this runs.")
-        started = time.monotonic()
-        while time.monotonic() - started < seconds:
-            time.sleep(min(5.0, seconds))
-            self.stdout.write(f"  … {time.monotonic() - started:.0f} s")
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(5.0, left))  # never past the deadline: --seconds N runs N seconds
+            self.stdout.write(f"  … {seconds - max(0.0, deadline - time.monotonic()):.0f} s")
         self.stdout.write(self.style.SUCCESS("Nightly report done."))
