@@ -10,7 +10,7 @@ import signal
 import string
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -35,6 +35,10 @@ __all__ = [
 logger = logging.getLogger("django_redlock")
 
 KeySpec = str | Callable[..., str]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_F = TypeVar("_F", bound=Callable[..., Any])  # a command class or its handle()
 
 
 # -- keys ------------------------------------------------------------------------
@@ -192,7 +196,7 @@ def redlock(
     label: str | None = None,
     auto_extend: bool = False,
     on_locked: Callable[..., HttpResponse] | str | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Run the decorated view or function while holding a Redlock.
 
     ``key`` is a format string filled from the call's arguments (for views:
@@ -209,14 +213,14 @@ def redlock(
         base.check_ttl(ttl, 1.0)
     base.check_wait(blocking, timeout)
 
-    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+    def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
         spec = Key(key, func)
-        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
+        options: dict[str, Any] = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label}
 
         if iscoroutinefunction(func):
 
             @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            async def async_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
                 from django_redlock.manager import get_async_lock_manager
 
                 resource = spec.format(args, kwargs)
@@ -240,10 +244,11 @@ def redlock(
                 await _stop_async(keeper, lock)
                 return result
 
-            return async_wrapper
+            # func is a coroutine function: so is the wrapper, with func's parameters and result.
+            return cast("Callable[_P, _R]", async_wrapper)
 
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
             from django_redlock.manager import get_lock_manager
 
             resource = spec.format(args, kwargs)
@@ -381,7 +386,7 @@ def redlock_command(
     when_locked: str = SKIP,
     wait_timeout: float | None = None,
     stop_on_lost: bool = True,
-) -> Callable[[Any], Any]:
+) -> Callable[[_F], _F]:
     """Let a management command run on one host at a time (cron on many hosts).
 
     Decorate a ``BaseCommand`` subclass (or its ``handle``). The lock key
@@ -403,11 +408,11 @@ def redlock_command(
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
 
-    def decorate(target: Any) -> Any:
+    def decorate(target: _F) -> _F:
         if inspect.isclass(target):
             _wrap_command_class(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
             return target
-        return _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+        return cast("_F", _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost))
 
     return decorate
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -23,6 +23,7 @@ logger = logging.getLogger("django_redlock")
 
 _lock = threading.Lock()
 _managers: dict[str, Any] = {}
+_M = TypeVar("_M", LockManager, AsyncLockManager)
 
 
 class SignalHooks(Hooks):
@@ -52,7 +53,7 @@ class SignalHooks(Hooks):
         signals.lock_not_acquired.send(sender=self.sender, resource=resource, error=error)
 
 
-def _build(cls: type) -> Any:
+def _build(cls: type[_M]) -> _M:
     hooks = SignalHooks()
     try:
         manager = cls(conf.get_nodes(), hooks=hooks, **conf.engine_options())
@@ -62,8 +63,8 @@ def _build(cls: type) -> Any:
     return manager
 
 
-def _get(kind: str, cls: type) -> Any:
-    manager = _managers.get(kind)
+def _get(kind: str, cls: type[_M]) -> _M:
+    manager: _M | None = _managers.get(kind)
     if manager is None:
         with _lock:
             manager = _managers.get(kind)

@@ -11,7 +11,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder, LockRecord, NodeEntry
@@ -82,7 +82,11 @@ def check_resource(resource: Any) -> str:
     return resource
 
 
-def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: bool, allow_zero: bool = ...) -> float | None: ...
+def check_seconds(value: object, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
     if value is None:
         if allow_none:
             return None
@@ -98,7 +102,7 @@ def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_
     return value
 
 
-def check_count(value: Any, argument: str, *, allow_none: bool = False) -> int | None:
+def check_count(value: object, argument: str, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -14,13 +14,15 @@ from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 
 if TYPE_CHECKING:
-    from django_redlock.core.manager import LockManager
+    from django_redlock.core.manager import LockManager, ManagerBase
 
 __all__ = ["Lock", "LockBase"]
 
 
 class LockBase:
     """State shared by :class:`Lock` and :class:`~django_redlock.core.aio.AsyncLock`."""
+
+    manager: ManagerBase
 
     def __init__(
         self,
@@ -44,7 +46,7 @@ class LockBase:
         self.value = holder.encode()
         #: Seconds the keys live on the nodes (the last ttl asked for).
         self.ttl = ttl
-        self._deadline = started + ttl - manager.config.drift(ttl)
+        self._deadline: float = started + ttl - manager.config.drift(ttl)
         #: How many times :meth:`extend` succeeded.
         self.extensions = 0
         #: True once the lock is known to be expired or taken over.
@@ -56,7 +58,7 @@ class LockBase:
         self._fencing_token: int | None = None
         self._state = threading.Lock()
         self._pid = os.getpid()
-        self._clock = manager.config.clock
+        self._clock: Callable[[], float] = manager.config.clock
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
 
@@ -100,7 +102,7 @@ class LockBase:
             listener(self)
         return True
 
-    def _is_ours(self, reply: Any) -> bool:
+    def _is_ours(self, reply: object) -> bool:
         return reply == self.value.encode() or reply == self.value
 
     def _gone_from_quorum(self, gone: int) -> bool:

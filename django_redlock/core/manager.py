@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django_redlock.core import base, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
-from django_redlock.core.lock import Lock, LockContext
+from django_redlock.core.lock import Lock, LockBase, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE
@@ -19,6 +19,8 @@ __all__ = ["LockManager"]
 #: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
 ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
+
+_L = TypeVar("_L", bound=LockBase)
 
 
 class ManagerBase:
@@ -78,7 +80,7 @@ class ManagerBase:
     def _acquiring(self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None) -> steps.Step:
         return steps.acquire(self.config, self.quorum, self.nodes, resource, ttl, blocking, timeout, label)
 
-    def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
+    def _granted(self, plan: base.Attempts, lock_class: type[_L]) -> _L:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
         lock = lock_class(self, plan.resource, plan.holder, plan.ttl, plan.started, plan.place)
         base.call_hook(self.config.hooks, "acquired", lock)
@@ -276,7 +278,8 @@ class LockManager(ManagerBase):
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
     """Describe a node from its INFO and CONFIG GET appendfsync replies."""
     declared = node.fsync_always
-    common = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
+    common: dict[str, Any] = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
+    why: str | None  # why the node does not vote (None: it votes)
     if isinstance(reply, Failure) and reply.answered:
         # INFO refused (ACL -info, renamed): the restart state is unknown, so the node does not vote.
         if declared:
@@ -287,7 +290,7 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
         error = str(reply) if reply else "no reply"
         return NodeStatus(node.name, False, error=error, votes=False, not_voting_reason=error, **common)
     info = parse_info(reply)
-    persistence = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
+    persistence: dict[str, str] = {k: info[k] for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info}
     if isinstance(fsync, list) and len(fsync) == 2:
         persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None

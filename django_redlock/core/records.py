@@ -8,6 +8,7 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import overload
 
 HOSTNAME = socket.gethostname()
 
@@ -33,6 +34,15 @@ class Holder:
         acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
         return cls(token, HOSTNAME, os.getpid(), label, acquired_at)
 
+    @overload
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Holder: ...
+    @overload
+    @classmethod
+    def decode(cls, raw: None) -> None: ...
+    @overload
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> Holder | None: ...
     @classmethod
     def decode(cls, raw: bytes | str | None) -> Holder | None:
         """Parse a stored value; a foreign or damaged value becomes a bare token."""
