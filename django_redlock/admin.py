@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
@@ -52,8 +52,14 @@ def _manager() -> Any:
     return get_lock_manager()
 
 
+if TYPE_CHECKING:  # generic in django-stubs only: ModelAdmin takes no [...] at run time
+    _ModelAdmin = admin.ModelAdmin[Lock]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
 @admin.register(Lock)
-class LockAdmin(admin.ModelAdmin):
+class LockAdmin(_ModelAdmin):
     """A model-free change list backed by the Redis nodes."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -66,7 +72,8 @@ class LockAdmin(admin.ModelAdmin):
         return False
 
     def has_release_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_redlock.release_lock")
+        # The admin needs a user model with has_perm(); the stubs' AbstractBaseUser has none.
+        return request.user.has_perm("django_redlock.release_lock")  # type: ignore[union-attr]
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name

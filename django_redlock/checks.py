@@ -147,7 +147,7 @@ def _node_errors() -> tuple[list[Any], list[Any]]:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Validate REDLOCK and REDLOCK_NODES and the shape of the topology (no I/O); every problem at once."""
     problems = conf.config_problems()
-    errors = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
+    errors: list[Any] = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
     if not problems:
         config = conf.get_config()
         errors += _max_ttl_errors(config)

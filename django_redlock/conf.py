@@ -164,8 +164,9 @@ def cache_client(alias: str, index: int) -> Any:
     from django.core.cache.backends.redis import RedisCache
 
     cache = django_caches[alias]
+    get_client: Any
     if isinstance(cache, RedisCache):  # Django's own Redis backend
-        servers, get_client = cache._servers, cache._cache.get_client
+        servers, get_client = getattr(cache, "_servers", []), cache._cache.get_client
     else:  # django-redis
         client = getattr(cache, "client", None)
         get_client = getattr(client, "get_client", None)

@@ -10,7 +10,7 @@ import signal
 import string
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
@@ -38,6 +38,10 @@ logger = logging.getLogger("django_redlock")
 KeySpec = str | Callable[..., Any]
 #: What ``@redlock`` takes: one key, or a list of format strings to lock together (all or nothing).
 KeysSpec = KeySpec | list[str] | tuple[str, ...]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_F = TypeVar("_F", bound=Callable[..., Any])  # a command class or its handle()
 
 
 # -- keys ------------------------------------------------------------------------
@@ -124,7 +128,7 @@ class Key:
             except (AttributeError, KeyError, IndexError) as exc:
                 raise ImproperlyConfigured(f"redlock key {self.spec!r} could not be filled: {exc!r}.") from None
         if callable(self.spec) and isinstance(key, (list, tuple)) and key and all(isinstance(k, str) and k for k in key):
-            return key  # a callable may name several resources
+            return list(key)  # type: ignore[return-value]  # a callable may name several resources
         if not isinstance(key, str) or not key:
             raise ImproperlyConfigured(f"redlock key {self.spec!r} produced {key!r}; expected a non-empty string.")
         return key
@@ -264,7 +268,7 @@ def redlock(
     auto_extend: bool = False,
     on_locked: Callable[..., HttpResponse] | str | None = None,
     reentrant: bool = False,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Run the decorated view or function while holding a Redlock.
 
     ``key`` is a format string filled from the call's arguments (for views:
@@ -286,14 +290,16 @@ def redlock(
     base.check_wait(blocking, timeout)
     base.check_flag(reentrant, "reentrant")
 
-    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+    def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
         spec = Keys(key, func)
-        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
+        options: dict[str, Any] = {
+            "ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant
+        }
 
         if iscoroutinefunction(func):
 
             @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            async def async_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
                 from django_redlock.manager import get_async_lock_manager
 
                 resource = spec.format(args, kwargs)
@@ -317,10 +323,11 @@ def redlock(
                 await _stop_async(keeper, lock)
                 return result
 
-            return async_wrapper
+            # func is a coroutine function: so is the wrapper, with func's parameters and result.
+            return cast("Callable[_P, _R]", async_wrapper)
 
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
             from django_redlock.manager import get_lock_manager
 
             resource = spec.format(args, kwargs)
@@ -418,7 +425,9 @@ class RedlockMixin:
         if not self.redlock_key:
             raise ImproperlyConfigured(f"{type(self).__name__} needs redlock_key or a get_redlock_key() method.")
         spec = Keys(self.redlock_key, None)
-        return spec.format((), dict(self.kwargs), {"request": self.request, "view": self})  # type: ignore[attr-defined]
+        kwargs: dict[str, Any] = dict(self.kwargs)  # type: ignore[attr-defined]
+        resources: str | list[str] = spec.format((), kwargs, {"request": self.request, "view": self})  # type: ignore[attr-defined]
+        return resources
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         from django_redlock.manager import get_lock_manager
@@ -464,7 +473,7 @@ def redlock_command(
     when_locked: str = SKIP,
     wait_timeout: float | None = None,
     stop_on_lost: bool = True,
-) -> Callable[[Any], Any]:
+) -> Callable[[_F], _F]:
     """Let a management command run on one host at a time (cron on many hosts).
 
     Decorate a ``BaseCommand`` subclass (or its ``handle``). The lock key
@@ -486,11 +495,11 @@ def redlock_command(
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
 
-    def decorate(target: Any) -> Any:
+    def decorate(target: _F) -> _F:
         if inspect.isclass(target):
             _wrap_command_class(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
             return target
-        return _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+        return cast("_F", _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost))
 
     return decorate
 

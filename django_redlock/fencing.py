@@ -18,7 +18,7 @@ queryset or none of them::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 from django.db.models import Max, Q
@@ -28,7 +28,15 @@ from django_redlock.exceptions import StaleToken
 __all__ = ["FencedQuerySet", "FencingTokenField", "StaleToken", "fenced_update"]
 
 
-class FencingTokenField(models.BigIntegerField):
+if TYPE_CHECKING:  # generic in django-stubs only: Django's field classes take no [...] at run time
+    from django.db.models.expressions import Combinable
+
+    _BigIntegerField = models.BigIntegerField[float | int | str | Combinable, int]  # as BigIntegerField's
+else:
+    _BigIntegerField = models.BigIntegerField
+
+
+class FencingTokenField(_BigIntegerField):
     """The highest fencing token a row has accepted (64-bit: tokens start at the clock in microseconds)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -89,7 +97,7 @@ def fenced_update(queryset: models.QuerySet[Any], token: int, *, field: str | No
     return updated
 
 
-class FencedQuerySet(models.QuerySet):
+class FencedQuerySet(models.QuerySet[Any]):
     """A queryset with :meth:`fenced_update`."""
 
     def fenced_update(self, token: int, *, field: str | None = None, **values: Any) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -24,6 +24,7 @@ logger = logging.getLogger("django_redlock")
 
 _lock = threading.Lock()
 _managers: dict[str, Any] = {}
+_M = TypeVar("_M", LockManager, AsyncLockManager)
 
 
 class SignalHooks(Hooks):
@@ -53,7 +54,7 @@ class SignalHooks(Hooks):
         signals.lock_not_acquired.send(sender=self.sender, resource=resource, error=error)
 
 
-def _build(cls: type) -> Any:
+def _build(cls: type[_M]) -> _M:
     hooks = SignalHooks()
     try:
         manager = cls(conf.get_nodes(), hooks=hooks, **conf.engine_options())
@@ -63,8 +64,8 @@ def _build(cls: type) -> Any:
     return manager
 
 
-def _get(kind: str, cls: type) -> Any:
-    manager = _managers.get(kind)
+def _get(kind: str, cls: type[_M]) -> _M:
+    manager: _M | None = _managers.get(kind)
     if manager is None:
         with _lock:
             manager = _managers.get(kind)

@@ -38,7 +38,8 @@ def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _answers_ping(port: int, timeout: float = 0.2) -> bool:
@@ -182,7 +183,7 @@ class RedisServer:
 
     def resume(self, wait: bool = True) -> None:
         """SIGCONT a paused server; by default, return once it answers again."""
-        assert self.process is not None
+        assert self.process is not None and self.port is not None
         os.kill(self.process.pid, signal.SIGCONT)
         self.paused = False
         if wait:
@@ -212,6 +213,7 @@ class RedisServer:
 
     def flushall(self) -> None:
         """Empty the server (it must be running and not paused)."""
+        assert self.port is not None
         with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
             prefix = f"AUTH {self.password}\r\n" if self.password else ""
             sock.sendall(f"{prefix}FLUSHALL\r\n".encode())
@@ -224,7 +226,7 @@ class RedisServer:
                 data += chunk
 
 
-class RedisServers(list):
+class RedisServers(list[RedisServer]):
     """A list of independent :class:`RedisServer` masters started together."""
 
     def __init__(self, count: int = 5, **kwargs: object) -> None:

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
@@ -482,8 +482,7 @@ class AsyncLockManager(ManagerBase):
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
-            lock: AsyncLock = held
-            return lock
+            return cast(AsyncLock, held)
         return self._granted(await self._run(step), AsyncLock)
 
     async def adopt(

@@ -11,7 +11,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core import ledger
 from django_redlock.core.rounds import Failure
@@ -110,7 +110,11 @@ def name_of(resources: Sequence[str]) -> str:
     return ", ".join(resources)
 
 
-def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: bool, allow_zero: bool = ...) -> float | None: ...
+def check_seconds(value: object, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
     if value is None:
         if allow_none:
             return None
@@ -126,7 +130,7 @@ def check_seconds(value: Any, argument: str, *, allow_none: bool = False, allow_
     return value
 
 
-def check_count(value: Any, argument: str, *, allow_none: bool = False) -> int | None:
+def check_count(value: object, argument: str, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -333,14 +337,16 @@ def failures_of(
     results: Sequence[Any],
     refused: str = "held by another holder",
     success: Any = is_ok,
+    refusals: dict[int, str] | None = None,
 ) -> dict[str, str]:
+    """Node name -> why it did not say yes; ``refusals`` names integer replies (a vote's, see :data:`REFUSALS`)."""
     out: dict[str, str] = {}
     for node, reply in zip(nodes, results):
         name = node if isinstance(node, str) else node.name
         if isinstance(reply, Failure):
             out[name] = reply.reason
         elif reply is None or not success(reply):
-            out[name] = REFUSALS.get(reply, refused) if type(reply) is int else refused
+            out[name] = refusals.get(reply, refused) if refusals and type(reply) is int else refused
     return out
 
 
@@ -374,7 +380,7 @@ def not_acquired(
     """
     total = len(nodes)
     granted = count(results)
-    failures = failures_of(nodes, results)
+    failures = failures_of(nodes, results, refusals=REFUSALS)
     unreachable = sum(1 for r in results if isinstance(r, Failure) and not r.answered)
     detail = "; ".join(f"{name}: {why}" for name, why in failures.items())
     tries = f" after {attempts} attempts" if attempts > 1 else ""
@@ -470,7 +476,7 @@ class Adoption:
             return None
         if self.value is None:
             self.holder, self.value = holder, first.decode("utf-8", "replace") if isinstance(first, bytes) else first
-        return min(ttls) / 1000.0
+        return min(int(t) for t in ttls) / 1000.0
 
     def judge(self, nodes: Sequence[Any], replies: Sequence[Any], quorum: int) -> float:
         """Seconds the lock stays held, counted from before the read; raises when a quorum does not hold it."""

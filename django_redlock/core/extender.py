@@ -61,7 +61,7 @@ class Watch:
 
 def next_due(watch: Watch, lock: Any, now: float) -> float:
     """The next wake-up: a check tick, the extension or its retry, and never past the validity."""
-    due = min(lock._deadline, now + max(MIN_TICK, lock.ttl * CHECK_EVERY))
+    due: float = min(lock._deadline, now + max(MIN_TICK, lock.ttl * CHECK_EVERY))
     if watch.stopped is None:
         if watch.failure is not None:
             due = min(due, now + max(0.01, lock.validity * RETRY_FRACTION))
@@ -217,7 +217,7 @@ class Extender:
                 logger.exception("Unexpected error in the lock extender")
 
     def _step(self, watch: Watch) -> None:
-        lock = watch.ref()
+        lock: Any = watch.ref()
         action = next_action(watch, lock)
         if action == "extend":
             try:

@@ -71,7 +71,7 @@ class Entry:
         value: str | None = None,
         ttl: float = 0.0,
         waiter: Any = None,
-        retry: bytes | None = None,
+        retry: tuple[Any, ...] | None = None,
     ) -> None:
         self.kind = kind
         self.key = key
@@ -92,7 +92,7 @@ def pair_of(command: Sequence[Any]) -> tuple[str, str]:
     return command[3], command[3 + command[2]]
 
 
-def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: bytes | None = None) -> Entry:
+def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: tuple[Any, ...] | None = None) -> Entry:
     """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
     if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
         return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
@@ -288,7 +288,7 @@ class Ledger:
             if entry.kind == SET:
                 pair = (entry.key, entry.value)
                 self.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
-                self.lost_sets[pair] = max(self.lost_sets.get(pair, 0.0), until)  # type: ignore[index]
+                self.lost_sets[pair] = max(self.lost_sets.get(pair, 0.0), until)  # type: ignore[index,arg-type]
                 debt = self.debts.get(pair)  # type: ignore[arg-type]
                 if debt is not None:
                     debt.until = max(debt.until, until)

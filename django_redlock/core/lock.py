@@ -16,7 +16,7 @@ from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
-    from django_redlock.core.manager import LockManager
+    from django_redlock.core.manager import LockManager, ManagerBase
 
 __all__ = ["HeldLocks", "Lock", "LockBase", "caller"]
 
@@ -107,6 +107,8 @@ class HeldLocks:
 class LockBase:
     """State shared by :class:`Lock` and :class:`~django_redlock.core.aio.AsyncLock`."""
 
+    manager: ManagerBase
+
     def __init__(
         self,
         manager: Any,
@@ -133,7 +135,7 @@ class LockBase:
         self.value = holder.encode()
         #: Seconds the keys live on the nodes (the last ttl asked for).
         self.ttl = ttl
-        self._deadline = started + ttl - manager.config.drift(ttl)
+        self._deadline: float = started + ttl - manager.config.drift(ttl)
         #: How many times :meth:`extend` succeeded.
         self.extensions = 0
         #: True once the lock is known to be expired or taken over.
@@ -145,7 +147,7 @@ class LockBase:
         self._fencing_token: int | None = None
         self._state = threading.Lock()
         self._pid = os.getpid()
-        self._clock = manager.config.clock
+        self._clock: Callable[[], float] = manager.config.clock
         self._acquired_at = started
         # Who acquired it, and how many times it was entered (reentrant=True); see HeldLocks.
         self._owner, self._owner_name = caller()
@@ -193,7 +195,7 @@ class LockBase:
             listener(self)
         return True
 
-    def _is_ours(self, reply: Any) -> bool:
+    def _is_ours(self, reply: object) -> bool:
         """A node's read (see :meth:`_read_command`) shows this holder's value on every key."""
         if type(reply) is list:
             return all(self._is_ours(r) for r in reply)

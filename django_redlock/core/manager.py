@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django_redlock.core import base, ledger, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, Scan, check_resource, quorum_of
 from django_redlock.core.extender import Extender
-from django_redlock.core.lock import HeldLocks, Lock, LockContext
+from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE
@@ -20,6 +20,8 @@ __all__ = ["LockManager"]
 #: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
 ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
+
+_L = TypeVar("_L", bound=LockBase)
 
 
 class ManagerBase:
@@ -95,8 +97,9 @@ class ManagerBase:
         self.config.lock_ttl(ttl, self.config.ttl)
         return steps.adopt(self.config, self.quorum, self.nodes, resource, token)
 
-    def _adopted(self, found: tuple[base.Adoption, float, float], lock_class: type[Any], ttl: Any,
-                 fencing_token: int | None) -> Any:
+    def _adopted(
+        self, found: tuple[base.Adoption, float, float], lock_class: type[_L], ttl: Any, fencing_token: int | None
+    ) -> _L:
         """The handle of a lock held elsewhere: its stored value, valid as long as a quorum keeps it."""
         adoption, started, held_for = found
         assert adoption.holder is not None and adoption.value is not None
@@ -107,7 +110,7 @@ class ManagerBase:
         self._held.add(lock)
         return lock
 
-    def _granted(self, plan: base.Attempts, lock_class: type[Any]) -> Any:
+    def _granted(self, plan: base.Attempts, lock_class: type[_L]) -> _L:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
         lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
         self._held.add(lock)
@@ -181,8 +184,7 @@ class LockManager(ManagerBase):
         """
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
-            lock: Lock = held
-            return lock
+            return cast(Lock, held)
         return self._granted(steps.run_sync(step, self._perform), Lock)
 
     def adopt(
@@ -351,7 +353,8 @@ class LockManager(ManagerBase):
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
     """Describe a node from its INFO and CONFIG GET appendfsync replies."""
     declared = node.fsync_always
-    common = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
+    common: dict[str, Any] = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
+    why: str | None  # why the node does not vote (None: it votes)
     if isinstance(reply, Failure) and reply.answered:
         # INFO refused (ACL -info, renamed): the restart state is unknown, so the node does not vote.
         if declared:
@@ -378,7 +381,7 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
     elif uptime is None and not durable:
         why = "INFO does not tell its uptime: its restart state cannot be known"
     elif sits_out:
-        why = ledger.sits_out(uptime, sits_out)
+        why = ledger.sits_out(uptime or 0.0, sits_out)
     return NodeStatus(
         node.name,
         True,

@@ -375,7 +375,7 @@ _ERRORS = {
 }
 
 
-def _error(line: bytes) -> ResponseError:
+def _error(line: bytes) -> RedisError:
     text = line.decode("utf-8", "replace")
     return _ERRORS.get(text.split(" ", 1)[0], ResponseError)(text)
 
@@ -787,7 +787,7 @@ def _fileno(conn: Any) -> int | None:
         return None
 
 
-def _has_buffered(conn: Any) -> bool:
+def _has_buffered(conn: Wire) -> bool:
     try:
         return conn.buffered()
     except Exception:  # noqa: BLE001

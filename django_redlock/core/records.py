@@ -8,6 +8,7 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import overload
 
 HOSTNAME = socket.gethostname()
 
@@ -33,6 +34,15 @@ class Holder:
         acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
         return cls(token, HOSTNAME, os.getpid(), label, acquired_at)
 
+    @overload
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Holder: ...
+    @overload
+    @classmethod
+    def decode(cls, raw: None) -> None: ...
+    @overload
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> Holder | None: ...
     @classmethod
     def decode(cls, raw: bytes | str | None) -> Holder | None:
         """Parse a stored value; a foreign or damaged value becomes a bare token."""
@@ -184,7 +194,7 @@ class NodeStatus:
     port: int | None = None
     path: str | None = None
     error: str | None = None
-    persistence: dict[str, str] = field(default_factory=dict)
+    persistence: dict[str, bool | str] = field(default_factory=dict)
     #: Seconds this node still sits out after a restart (delayed-restart rule); 0 when it votes.
     sits_out_for: float = 0.0
     #: Whether the node can vote now (reachable master whose restart state is known and past the window).

@@ -112,7 +112,7 @@ def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
     return block[1] + SERVER_TICK
 
 
-def overdue(conn: Any, since: float, now: float) -> float:
+def overdue(conn: ConnState, since: float, now: float) -> float:
     """How long ``conn``'s replies have been overdue (not counting a wait in line)."""
     return now - max(since, conn.quiet_until)
 
@@ -245,7 +245,7 @@ class NodeBooks:
         """
         if not conn.expect:
             raise ValueError("a reply nobody asked for")
-        entry = conn.expect.popleft()
+        entry: Entry = conn.expect.popleft()
         kind = entry.kind
         if kind == ledger.RELEASE:
             self.ledger.settle(entry.key, entry.value, reply, now)
