@@ -553,7 +553,6 @@ class AsyncLockManager(ManagerBase):
         return base.locked_of(resource, self.node_list, results, self.quorum)
 
     async def force_release(self, resource: str) -> int:
-        """Async version of :meth:`LockManager.force_release`."""
         key = self.key(resource)
         timeout = max(self.config.node_timeout, 0.5)
         results = await self._fanout([("DEL", key)] * len(self.node_list), timeout)

@@ -319,10 +319,6 @@ class LockManager(ManagerBase):
         """Delete ``resource``'s lock key on every node, whoever holds it.
 
         For operators: the holder is not told. Returns how many nodes had the key.
-        ``resource`` is one name. Force-releasing one member of a lock on
-        several resources loses the whole lock: its holder finds it lost at
-        its next check, extension or release (its other keys stay until
-        then, or until they expire).
         """
         key = self.key(resource)
         nodes = self.node_list
