@@ -546,6 +546,7 @@ class AsyncLockManager(ManagerBase):
         return AsyncLockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
 
     async def is_locked(self, resource: str) -> bool:
+        """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""
         key = self.key(resource)
         results = await self._fanout([("PTTL", key)] * len(self.node_list))
         return base.locked_of(resource, self.node_list, results, self.quorum)

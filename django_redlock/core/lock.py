@@ -429,7 +429,10 @@ class Lock(LockBase):
 
         Computed on first access (two fan-outs), then cached. Pass it to the
         storage you protect and have the storage reject writes that carry a
-        token lower than the highest it has seen.
+        token lower than the highest it has seen. A lock on several
+        resources has one token, higher than every earlier token of each
+        member. A handle from :meth:`~django_redlock.core.LockManager.adopt` returns the token
+        passed to it as ``fencing_token``, else issues a new, higher one.
 
         How: read the resource's counter on the nodes and take the highest
         value from any quorum, plus one; write it back to a quorum with a

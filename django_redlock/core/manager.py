@@ -157,30 +157,53 @@ class LockManager(ManagerBase):
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
-        ``resource`` is a name, or a list of names to take together, all or
-        nothing: every node sets all of them or none, so the lock holds them
-        all with one validity, one extension and one release. Overlapping
-        sets never deadlock, and each member stays exclusive with locks on it
-        alone.
+        :param resource: A name (up to 1024 characters, no control
+            characters), or a list of names to lock together, all or
+            nothing (sorted, each taken once, at most 1000): on each node
+            one script call sets every member's key or none, and the lock
+            holds them all with one validity, one extension, one release
+            and one fencing token. Overlapping sets never deadlock, and
+            each member stays exclusive with locks on it alone. See
+            :ref:`several-resources`.
+        :param ttl: Seconds the keys live on the nodes; default: the
+            manager's ``ttl``. At least 0.01, at most ``max_ttl``.
+        :param blocking: ``False`` makes one attempt and never waits.
+            ``True`` (the default) waits in line: the call takes a place in
+            every node's line for each resource, is woken when the holder
+            releases, and is granted in the order callers came (see
+            :ref:`waiting-in-line`).
+        :param timeout: Seconds a blocking call waits; ``None`` waits up
+            to ``retry_count * retry_delay`` seconds (``retry_count=None``:
+            forever). The last vote is made at the deadline. A timeout
+            with ``blocking=False`` raises :class:`ValueError`.
+        :param label: Text stored with the holder for operators
+            (``redlock list``, the admin); default: the manager's
+            ``label``.
+        :param reentrant: When this thread (or asyncio task) already holds
+            a valid lock of this manager that covers every resource asked
+            for, return that same :class:`Lock`, entered once more, without
+            asking the nodes; only the outermost ``release()`` releases it.
+            Holding only part of the set raises
+            :class:`~django_redlock.exceptions.LockNotAcquired` at once.
+            See :ref:`reentrant-locks`.
+        :raises ~django_redlock.exceptions.LockNotAcquired: when it gives
+            up; :class:`~django_redlock.exceptions.QuorumUnavailable`, a
+            subclass, when too few nodes answered.
+        :raises ValueError: for invalid arguments, before anything is sent.
 
-        ``blocking=False`` makes one attempt (a plain ``SET NX PX`` on every
-        node) and never waits. ``blocking=True`` waits in
-        line: the call takes a place in every node's line for ``resource``,
-        is woken when the holder releases, and is granted in the order
-        callers came (see :doc:`safety`). It waits up to ``timeout`` seconds,
-        or, when ``timeout`` is None, up to ``retry_count * retry_delay``
-        seconds (``retry_count=None``: forever); the last vote is made at the
-        deadline. While too few nodes answer it retries after ``retry_delay``
-        (with jitter) instead of waiting for a wake-up. Raises
-        :class:`~django_redlock.exceptions.LockNotAcquired` when it gives up,
-        or its subclass :class:`~django_redlock.exceptions.QuorumUnavailable`
-        when too few nodes answered.
+        A non-blocking call on one resource votes with a plain ``SET NX
+        PX`` and may take a lock that is free at that instant although
+        others wait in line; on several resources it runs the line's
+        script and is refused while anyone waits in a member's line. While
+        too few nodes answer, a blocking call retries after
+        ``retry_delay`` (with jitter) instead of waiting for a wake-up.
 
-        A thread (or asyncio task) that already holds ``resource`` fails at
-        once with a message saying so: waiting would be waiting for itself.
-        With ``reentrant=True`` it gets the Lock it holds, entered once more
-        (it must hold every resource asked for); only the outermost
-        ``release()`` releases it.
+        Without ``reentrant=True``, asking again for a lock that this very
+        thread (or task) holds is treated like any other request: a
+        blocking call waits up to its timeout and then fails, and the
+        error ends by saying that this very thread holds the lock. When
+        another thread of this process holds it, the error names that
+        thread.
         """
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
@@ -192,18 +215,32 @@ class LockManager(ManagerBase):
     ) -> Lock:
         """A handle on a lock acquired elsewhere (another process, a Celery task), from its resource and token.
 
-        Hand ``lock.token`` (and ``lock.fencing_token``, if it was taken) to
-        the other process; there ``manager.adopt(resource, token)`` returns a
-        :class:`Lock` that can extend, release, check and fence it. It is safe
-        because extension and release compare the stored value. The handle
-        is valid as long as a quorum of nodes keeps the key (read once, now);
-        ``ttl`` is what :meth:`Lock.extend` resets it to by default.
-        ``fencing_token`` keeps the token already issued; without it, the
-        handle issues a new, higher one when asked. Raises
-        :class:`~django_redlock.exceptions.LockLost` when a quorum no longer
-        stores that token's value, or
-        :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
-        nodes answer to tell.
+        Hand ``lock.resources``, ``lock.token`` and, if it was taken,
+        ``lock.fencing_token`` to the other process; there ``adopt()``
+        returns a :class:`Lock` that can extend, release, check and fence
+        the same lock. Both handles are the same lock: whichever releases
+        it releases it for both. See :ref:`handing-off`.
+
+        :param resource: The resource, or the list of resources, exactly as
+            held (``lock.resources``).
+        :param token: The holder's token (``lock.token``).
+        :param ttl: What :meth:`~django_redlock.core.Lock.extend` resets the keys' ttl to by
+            default; default: the manager's ``ttl``, not the original
+            lock's. It does not change the handle's validity.
+        :param fencing_token: The fencing token already issued to this
+            lock (``lock.fencing_token``), which the handle then returns;
+            without it, the handle issues a new, higher one when asked.
+        :raises ~django_redlock.exceptions.LockLost: when fewer than a
+            quorum of nodes store that token's value on every key
+            (released, expired or taken over).
+        :raises ~django_redlock.exceptions.QuorumUnavailable: when too few
+            nodes answer to tell.
+
+        One read of the keys on every node; nothing is written. The
+        handle is valid as long as a quorum of nodes keeps the keys: the
+        quorum-th longest remaining ttl read, counted from before the
+        read, minus the drift allowance. It is safe because extension and
+        release only act on keys that still store the holder's value.
         """
         step = self._adopting(resource, token, ttl, fencing_token)
         return self._adopted(steps.run_sync(step, self._perform), Lock, ttl, fencing_token)
@@ -240,10 +277,26 @@ class LockManager(ManagerBase):
     ) -> LockContext:
         """A context manager: acquire on entry, release on exit.
 
-        ``auto_extend=True`` keeps the lock alive from a background thread
-        shared by all locks: it extends when about a third of the ttl is left,
-        stops after ``max_hold`` seconds, and if an extension fails on a
-        quorum it sets ``lock.lost`` and calls ``on_lost(lock)``.
+        :param resource: As for :meth:`acquire`: one name, or a list of
+            names locked together, all or nothing.
+        :param ttl: As for :meth:`acquire`.
+        :param blocking: As for :meth:`acquire`.
+        :param timeout: As for :meth:`acquire`; with ``blocking=False`` it
+            raises :class:`ValueError` here, before the ``with`` block.
+        :param label: As for :meth:`acquire`.
+        :param auto_extend: Keep the lock alive from a background thread
+            shared by all locks: it extends when about a third of the ttl
+            is left, and if an extension fails on a quorum it sets
+            ``lock.lost`` and calls ``on_lost(lock)``.
+        :param max_hold: Seconds after which auto-extension stops; the
+            lock then expires at the end of its validity (and is reported
+            lost if still held). ``None``: no limit.
+        :param on_lost: Called once with the lock when it is found lost
+            while auto-extended (see :ref:`losing-a-lock`).
+        :param reentrant: As for :meth:`acquire`. A re-entered lock keeps
+            the ttl and the auto-extension of the outer entry: this call's
+            ``ttl``, ``auto_extend``, ``max_hold`` and ``on_lost`` are not
+            applied to it.
         """
         base.check_wait(blocking, timeout)
         kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
@@ -254,8 +307,10 @@ class LockManager(ManagerBase):
     def is_locked(self, resource: str) -> bool:
         """True when a quorum of nodes hold a live key for ``resource``, False when a quorum has none.
 
-        Raises :class:`~django_redlock.exceptions.QuorumUnavailable` when too
-        few nodes answer to tell (never "free" for "unknown").
+        ``resource`` is one name; a member of a lock on several resources
+        counts as locked. Raises
+        :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
+        nodes answer to tell (never "free" for "unknown").
         """
         key = self.key(resource)
         nodes = self.node_list
