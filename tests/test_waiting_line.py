@@ -20,6 +20,7 @@ import redis
 
 from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.core.base import PLACE_MARGIN, WAIT_SLICE
+from django_redlock.core.scripts import RELEASE
 from django_redlock.exceptions import LockNotAcquired
 
 
@@ -242,3 +243,41 @@ def test_force_release_wakes_the_first_in_line(mgr, servers):
     t.join(5)
     assert got["at"] - forced_at < WAIT_SLICE / 2
     got["lock"].release()
+
+
+def test_a_vote_granted_by_a_minority_keeps_the_waiter_in_line(mgr, servers):
+    """Nodes 0 and 1 see the holder release first and grant the waiter's vote; the others still
+    refuse. The attempt fails, and its release must put the waiter's place back on 0 and 1 (a grant
+    had taken it out): without it, anyone arriving next would be first there."""
+    holder = mgr.acquire("minority", ttl=20)
+    got = {}
+
+    def waiter():
+        lock = mgr.acquire("minority", timeout=10)
+        got["at"] = time.monotonic()
+        lock.release()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    in_line(servers, "minority", 1)
+    time.sleep(0.05)  # blocked in its wait on every node
+    first_two = [client(s) for s in servers[:2]]
+    release = mgr.config.release_command(("minority",), holder.value)
+    for c in first_two:
+        c.execute_command("EVAL", RELEASE.source, *release[2:])
+    key = "redlock:lock:minority"
+    wait_for(lambda: all(c.get(key) not in (None, holder.value.encode()) for c in first_two), what="the grants")
+    # Each attempt fails on the other three (after its slice there) and is released on 0 and 1. On
+    # those two the waiter must hold the key or be in line at every moment, over several attempts.
+    lost = []
+    deadline = time.monotonic() + 3 * WAIT_SLICE
+    while time.monotonic() < deadline:
+        for n, c in enumerate(first_two):
+            with c.pipeline(transaction=True) as p:
+                value, places = p.get(key).zcard("redlock:places:minority").execute()
+            if value is None and places == 0:
+                lost.append(n)
+    assert lost == [], "the waiter was neither holding nor in line on node(s) 0/1"
+    holder.release()
+    t.join(10)
+    assert "at" in got

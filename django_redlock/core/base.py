@@ -239,11 +239,15 @@ class ManagerConfig:
     def wake_prefix(self, resource: str) -> str:
         return f"{self.key_prefix}wake:{resource}:"
 
-    def release_command(self, resources: Sequence[str], value: str, place: str = "") -> tuple[Any, ...]:
-        """Compare-and-delete ``value``, leave the lines with ``place``, wake the first waiter of each."""
-        life = ms(WAIT_SLICE + PLACE_MARGIN)
+    def release_command(
+        self, resources: Sequence[str], value: str, place: str = "", keep: tuple[int, int] | None = None
+    ) -> tuple[Any, ...]:
+        """Compare-and-delete ``value``; leave the lines with ``place`` (or, with ``keep`` = (ticket,
+        place lifetime ms), stay in them); wake the first waiter of each."""
+        life = ms(WAIT_SLICE + PLACE_MARGIN) if keep is None else keep[1]
         prefixes = [self.wake_prefix(resource) for resource in resources]
-        return script_command(RELEASE, self.script_keys(resources), (value, place, life, *prefixes))
+        ticket = "" if keep is None else keep[0]
+        return script_command(RELEASE, self.script_keys(resources), (value, place, life, ticket, *prefixes))
 
     def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
         """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
@@ -740,7 +744,8 @@ class Attempts:
         """
         if self.script is None:
             return set_command(self.key, self.value, self.ttl)
-        life = ms(self.slice + PLACE_MARGIN)
+        #: How long this vote keeps the place in line (node ms); a failed vote's release keeps it as long.
+        self.life = life = ms(self.slice + PLACE_MARGIN)
         args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake)
         return script_command(ACQUIRE, self.line, args)
 

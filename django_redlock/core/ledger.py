@@ -105,6 +105,18 @@ def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: tuple[Any, 
     return Entry(OTHER, waiter=waiter, retry=retry)
 
 
+def debt_command(command: Sequence[Any], source: str) -> tuple[Any, ...]:
+    """How a RELEASE (``command``, an EVALSHA) is paid again later: as an EVAL of its ``source``,
+    deleting the value and waking the line, but never putting a place back (the call that kept it
+    may be over by then; a place that is not restored only costs its call a rejoin)."""
+    keys = command[2]
+    args = list(command[2:])
+    if args[1 + keys + 3] != "":  # ARGV[4], the ticket: a kept place
+        args[1 + keys + 1] = ""  # ARGV[2], the place
+        args[1 + keys + 3] = ""
+    return ("EVAL", source, *args)
+
+
 def after_noscript(entry: Entry) -> Entry:
     """The entry for the EVAL (``entry.retry``) sent after a NOSCRIPT reply."""
     return Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)

@@ -209,7 +209,7 @@ class NodeBooks:
 
     def owe(self, key: str, value: str, ttl: float, now: float, command: Command) -> None:
         """A release of ``value`` (``command``) is about to be written: owe it until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, ("EVAL", RELEASE.source, *command[2:]))
+        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, ledger.debt_command(command, RELEASE.source))
 
     def prepare(
         self, conn: Any, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None

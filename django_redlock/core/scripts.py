@@ -137,10 +137,12 @@ return reply
 )
 
 # KEYS in threes (see above).
-# ARGV[1] holder value, ARGV[2] the caller's place ('' for none), ARGV[3] wake token lifetime ms,
-# ARGV[4], ARGV[5], ... the wake list prefix of each resource.
-# Delete each lock key that still holds our value (never another holder's lock), leave the
-# lines, and wake whoever is first in line of each lock that is now free.
+# ARGV[1] holder value, ARGV[2] the caller's place ('' for none), ARGV[3] lifetime ms of a wake
+# token and of a kept place, ARGV[4] '' to leave the lines, or the caller's ticket to stay in them
+# (a failed attempt of a call that goes on waiting: a node that granted it had taken its place out),
+# ARGV[5], ARGV[6], ... the wake list prefix of each resource.
+# Delete each lock key that still holds our value (never another holder's lock), leave or keep the
+# place, and wake whoever is first in line of each lock that is now free.
 # Replies 1 when every key held our value (all deleted), else 0.
 RELEASE = Script(
     "release",
@@ -154,12 +156,21 @@ for i = 1, #KEYS, 3 do
         released = 0
     end
     local line = redis.call('exists', KEYS[i + 1]) == 1
-    if line and ARGV[2] ~= '' then
+    if ARGV[2] ~= '' and ARGV[4] ~= '' then
+        local life = tonumber(ARGV[3])
+        redis.call('zadd', KEYS[i + 1], ARGV[4], ARGV[2])
+        redis.call('zadd', KEYS[i + 2], clock() + life, ARGV[2])
+        if redis.call('pttl', KEYS[i + 1]) < life then
+            redis.call('pexpire', KEYS[i + 1], life)
+            redis.call('pexpire', KEYS[i + 2], life)
+        end
+        line = true
+    elseif line and ARGV[2] ~= '' then
         redis.call('zrem', KEYS[i + 1], ARGV[2])
         redis.call('zrem', KEYS[i + 2], ARGV[2])
     end
     if line and redis.call('exists', KEYS[i]) == 0 and waiting(KEYS[i + 1], KEYS[i + 2]) then
-        local wake = ARGV[4 + (i - 1) / 3] .. redis.call('zrange', KEYS[i + 1], 0, 0)[1]
+        local wake = ARGV[5 + (i - 1) / 3] .. redis.call('zrange', KEYS[i + 1], 0, 0)[1]
         redis.call('rpush', wake, 1)
         redis.call('pexpire', wake, ARGV[3])
     end

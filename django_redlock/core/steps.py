@@ -105,13 +105,15 @@ def release_fan(
     ttl: float | None = None,
     place: str = "",
     only: Sequence[bool] | None = None,
+    keep: tuple[int, int] | None = None,
 ) -> Fan:
-    """Release ``value`` (and leave the lines with ``place``) on every node, or those marked in ``only``.
+    """Release ``value`` on every node, or those marked in ``only``; leave the lines with ``place``,
+    or with ``keep`` = (ticket, lifetime ms), keep the place (a call that goes on waiting).
 
     Each command goes after whatever is still pending for that value, and
     every node it goes to owes it until a reply proves it done.
     """
-    command = config.release_command(resources, value, place)
+    command = config.release_command(resources, value, place, keep)
     key = command[3]
     return Fan(
         [command if only is None or only[i] else None for i in range(total)],
@@ -164,12 +166,16 @@ def acquire(
             raise
         pause = plan.next_vote(quorum, (yield NOW))
         # Release where this attempt's value may be set (the nodes that did not refuse for sure);
-        # a call that gives up also leaves the line everywhere.
+        # a call that gives up also leaves the line everywhere. One that goes on waiting keeps its
+        # place: a node that granted this attempt took the place out of its line.
         leaving = pause is None and plan.mode != "once"
         unsure = plan.unsure()
-        if leaving or any(unsure):
-            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan) if leaving else "",
-                              None if leaving else unsure)
+        if leaving:
+            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan))
+        elif any(unsure):
+            place = _place(plan)
+            keep = (plan.ticket, plan.life) if place else None
+            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, place, unsure, keep)
         if pause is None:
             break
         plan.renew()

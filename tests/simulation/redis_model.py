@@ -746,7 +746,7 @@ class SimNode:
         return b"OK"
 
     def _release(self, keys: list[bytes], argv: list[bytes]) -> int:
-        value, place, wake_life = argv[:3]
+        value, place, wake_life, ticket = argv[:4]
         released = 1
         for r, i in enumerate(range(0, len(keys), 3)):
             lock = keys[i]
@@ -754,14 +754,24 @@ class SimNode:
                 self._del([lock])
             else:
                 released = 0
-            self._leave_and_wake(keys[i : i + 3], place, argv[3 + r], wake_life)
+            self._leave_and_wake(keys[i : i + 3], place, argv[4 + r], wake_life, ticket)
         return released
 
-    def _leave_and_wake(self, keys: list[bytes], place: bytes, prefix: bytes, wake_life: bytes) -> None:
-        """RELEASE after the compare-and-delete: leave the line; if the lock is free, wake the first."""
+    def _leave_and_wake(self, keys: list[bytes], place: bytes, prefix: bytes, wake_life: bytes,
+                        ticket: bytes = b"") -> None:
+        """RELEASE after the compare-and-delete: leave the line (or, with a ticket, keep the place);
+        if the lock is free, wake the first."""
         lock, queue, places = keys
         line = self._exists([queue]) == 1
-        if line and place != b"":
+        if place != b"" and ticket != b"":
+            life = _int(wake_life)
+            self._zadd([queue, ticket, place])
+            self._zadd([places, self._now_ms() + life, place])
+            if self._pttl([queue]) < life:
+                self._pexpire([queue, life])
+                self._pexpire([places, life])
+            line = True
+        elif line and place != b"":
             self._zrem([queue, place])
             self._zrem([places, place])
         if line and self._exists([lock]) == 0 and self._waiting(queue, places, self._now_ms()):
