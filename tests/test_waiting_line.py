@@ -46,19 +46,26 @@ def in_line(servers, resource, count):
     wait_for(lambda: all(n >= count for n in places(servers, resource)), what=f"{count} in line")
 
 
-def test_a_waiter_is_woken_by_the_release_not_by_polling(mgr, servers):
-    holder = mgr.acquire("woken")
+def waiting_thread(mgr, servers, resource, timeout):
+    """A thread whose acquire() waits in line for ``resource`` (returned once it is in line everywhere);
+    ``got["at"]`` is when it got the lock (it releases at once)."""
     got = {}
 
     def waiter():
-        lock = mgr.acquire("woken", timeout=5)
+        lock = mgr.acquire(resource, timeout=timeout)
         got["at"] = time.monotonic()
         lock.release()
 
     t = threading.Thread(target=waiter)
     t.start()
-    in_line(servers, "woken", 1)
+    in_line(servers, resource, 1)
     time.sleep(0.05)  # the waiter is now blocked in its wait (its first vote was refused)
+    return t, got
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_polling(mgr, servers):
+    holder = mgr.acquire("woken")
+    t, got = waiting_thread(mgr, servers, "woken", timeout=5)
     released_at = time.monotonic()
     holder.release()
     t.join(5)
@@ -250,17 +257,7 @@ def test_a_vote_granted_by_a_minority_keeps_the_waiter_in_line(mgr, servers):
     refuse. The attempt fails, and its release must put the waiter's place back on 0 and 1 (a grant
     had taken it out): without it, anyone arriving next would be first there."""
     holder = mgr.acquire("minority", ttl=20)
-    got = {}
-
-    def waiter():
-        lock = mgr.acquire("minority", timeout=10)
-        got["at"] = time.monotonic()
-        lock.release()
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    in_line(servers, "minority", 1)
-    time.sleep(0.05)  # blocked in its wait on every node
+    t, got = waiting_thread(mgr, servers, "minority", timeout=10)
     first_two = [client(s) for s in servers[:2]]
     release = mgr.config.release_command(("minority",), holder.value)
     for c in first_two:
