@@ -25,7 +25,7 @@ Design
 Modelled
 --------
 Independent Redis masters with the commands and Lua scripts the engine uses
-(:mod:`.redis_model`): SET NX PX, GET, PTTL, PEXPIRE, DEL, PING, TIME, the
+(:mod:`.redis_model`): SET NX PX, GET, MGET, PTTL, PEXPIRE, DEL, PING, TIME, the
 sorted-set and list commands of the waiting line, BLPOP that blocks its
 connection until a push or its timeout (noticed at the next server tick),
 EVAL/EVALSHA with a per-boot script cache (ACQUIRE, RELEASE, EXTEND,

@@ -16,8 +16,9 @@ retry jitter come from the seed.
 
 from __future__ import annotations
 
+import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -205,12 +206,16 @@ class SimClient:
     # -- a workload ---------------------------------------------------------------------------
 
     fencing = True
+    #: The chance that a workload call locks several resources at once (all or nothing).
+    multi = 0.0
 
-    def acquire(self, resource: str, then: Callable[[LockBase | None, BaseException | None], None], *,
+    def acquire(self, resource: str | Sequence[str],
+                then: Callable[[LockBase | None, BaseException | None], None], *,
                 blocking: bool, timeout: float | None, cancel_after: float | None = None) -> None:
-        """Acquire through the engine's step; report the lock, every given-up attempt and the call's
-        place in line to the checker. ``cancel_after`` (local seconds): the caller cancels the call
-        then (delivered when its current round or sleep ends, as a CancelledError)."""
+        """Acquire ``resource`` (one, or several together) through the engine's step; report the lock,
+        every given-up attempt and the call's place in line to the checker. ``cancel_after`` (local
+        seconds): the caller cancels the call then (delivered when its current round or sleep ends,
+        as a CancelledError)."""
         checker = self.sim.checker
         watch: _Watch
 
@@ -232,7 +237,7 @@ class SimClient:
             lock = LockBase(self.manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
             self.acquired += 1
             self.holding[lock.value] = (lock, watch.call)
-            checker.acquired(self.proc, resource, lock.value, lock.validity, deadline_local=lock._deadline,
+            checker.acquired(self.proc, lock.resources, lock.value, lock.validity, deadline_local=lock._deadline,
                              call=watch.call)
             then(lock, None)
 
@@ -250,7 +255,7 @@ class SimClient:
     def release(self, lock: LockBase, then: Callable[[], None] = lambda: None) -> None:
         """The caller is done: report it, then release on every node (and leave the line)."""
         checker = self.sim.checker
-        checker.released(self.proc, lock.resource, lock.value, self.config.ttl)
+        checker.released(self.proc, lock.resources, lock.value, self.config.ttl)
         _, call = self.holding.pop(lock.value, (None, None))
         if call is not None:
             checker.left_line(call)
@@ -263,20 +268,29 @@ class SimClient:
         checker = self.sim.checker
         for watch in sorted(self.calls, key=lambda w: w.call.seq):
             for value in watch.values:
-                checker.gave_up(self.proc, watch.call.resource, value, self.config.ttl)
+                checker.gave_up(self.proc, watch.call.resources, value, self.config.ttl)
             checker.left_line(watch.call)
         for lock, call in self.holding.values():
-            checker.gave_up(self.proc, lock.resource, lock.value, self.config.ttl)
+            checker.gave_up(self.proc, lock.resources, lock.value, self.config.ttl)
             checker.left_line(call)
         self.calls.clear()
         self.holding.clear()
 
+    def pick(self, resources: Sequence[str]) -> str | tuple[str, ...]:
+        """What one call locks: one of ``resources``, or (by chance :attr:`multi`) two or three of them."""
+        world = self.world
+        if self.multi and len(resources) > 1 and world.chance(self.multi, "several resources"):
+            sets = [c for k in (2, 3) for c in itertools.combinations(resources, k)]
+            return world.choose(sets, "resources")
+        return world.choose(list(resources), "resource")
+
     def session(self, resources: list[str], until: float) -> None:
-        """Loop until true time ``until``: acquire, maybe fence and extend, hold, release."""
+        """Loop until true time ``until``: acquire (one resource or several), maybe fence and extend,
+        hold, release."""
         if self.world.now >= until or not self.proc.alive:
             return
         world = self.world
-        resource = world.choose(resources, "resource")
+        resource = self.pick(resources)
         blocking = world.chance(0.5, "blocking")
         # Blocking calls wait in line (None: retry_count * retry_delay); some callers cancel theirs.
         timeout = world.choose([None, 0.05, 0.3, 1.0, 2.5], "timeout") if blocking else None
@@ -290,10 +304,12 @@ class SimClient:
 
         self.acquire(resource, acquired, blocking=blocking, timeout=timeout, cancel_after=cancel)
 
-    def contend(self, resource: str, until: float, *, hold: float = 0.05, timeout: float = 5.0,
+    def contend(self, resource: str | Sequence[str], until: float, *, hold: float = 0.05, timeout: float = 5.0,
                 once: float = 0.2) -> None:
         """Loop until true time ``until``: a blocking acquire (or, by chance ``once``, a non-blocking one)
-        of ``resource``, a short hold, a release: callers queueing up for one lock."""
+        of ``resource``, a short hold, a release: callers queueing up for one lock. Given several
+        resources, each call picks what it locks as :meth:`pick` does (with :attr:`multi`, overlapping
+        sets of them)."""
         world = self.world
         if world.now >= until or not self.proc.alive:
             return
@@ -308,7 +324,8 @@ class SimClient:
             self.proc.after_local(world.uniform(0.0, hold, "hold"), self.release, lock, again)
 
         blocking = not world.chance(once, "non-blocking")
-        self.acquire(resource, acquired, blocking=blocking, timeout=timeout if blocking else None)
+        target = resource if isinstance(resource, str) else self.pick(resource)
+        self.acquire(target, acquired, blocking=blocking, timeout=timeout if blocking else None)
 
     def _hold(self, lock: LockBase, resources: list[str], until: float, fencing: bool) -> None:
         world = self.world
@@ -327,7 +344,7 @@ class SimClient:
             if world.chance(0.3, "extend"):
                 def extended(_: Any, error: BaseException | None) -> None:
                     if error is None:
-                        self.sim.checker.extended(self.proc, lock.resource, lock.value, lock.validity,
+                        self.sim.checker.extended(self.proc, lock.resources, lock.value, lock.validity,
                                                   deadline_local=lock._deadline)
                         self.proc.after_local(world.uniform(0.0, lock.ttl / 2, "hold"), release)
                     elif isinstance(error, LockError):
@@ -342,7 +359,7 @@ class SimClient:
         if fencing and world.chance(0.5, "fence"):
             def fenced(token: Any, error: BaseException | None) -> None:
                 if error is None:
-                    self.sim.checker.fenced(self.proc, lock.resource, lock.value, token)
+                    self.sim.checker.fenced(self.proc, lock.resources, lock.value, token)
                     work()
                 elif isinstance(error, LockError):
                     release()
@@ -367,7 +384,8 @@ class SimClient:
             if error is None:
                 watch.failure = None
                 if not lock.released:
-                    checker.extended(self.proc, lock.resource, lock.value, lock.validity, deadline_local=lock._deadline)
+                    checker.extended(self.proc, lock.resources, lock.value, lock.validity,
+                                     deadline_local=lock._deadline)
             elif isinstance(error, Exception):
                 note_extend_error(watch, lock, error)
             schedule()
@@ -383,7 +401,7 @@ class SimClient:
                 self.run(steps.extend(lock, None, True, self.quorum, self.total), extended)
             elif action == "check" and lock._can_ask():
                 done = base.until_outcome(self.quorum, self.total, lock._is_ours)
-                self.fan(steps.Fan([("GET", lock.key)] * self.total, done=done), checked)
+                self.fan(steps.Fan([lock._read_command()] * self.total, done=done), checked)
             elif action != "stop":
                 schedule()
 
@@ -391,8 +409,9 @@ class SimClient:
 
 
 def vote_of(effect: Any) -> tuple[Any, ...] | None:
-    """The ACQUIRE command of an acquire step's vote (EVALSHA sha 3 lock queue places value ttl mode place
-    ticket life wake), or None for any other effect."""
+    """The ACQUIRE command of an acquire step's vote (EVALSHA sha numkeys, the keys in threes: lock queue
+    places per resource, then value ttl mode place ticket life and a wake list per resource), or None
+    for any other effect. :func:`vote_argv` reads its arguments."""
     if type(effect) is not steps.Fan:
         return None
     command = next((c for c in effect.commands if c is not None), None)
@@ -401,6 +420,11 @@ def vote_of(effect: Any) -> tuple[Any, ...] | None:
     if command is not None and command[0] == "SET":  # a non-blocking call's plain SET NX PX, in that shape
         return ("EVALSHA", ACQUIRE.sha, 3, command[1], "", "", command[2], command[5], "once", "", 0, 0, "")
     return None
+
+
+def vote_argv(vote: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A vote's ARGV (value, ttl ms, mode, place, ticket, life ms, wake lists...), past its KEYS."""
+    return vote[3 + int(vote[2]):]
 
 
 class _Watch:
@@ -416,7 +440,7 @@ class _Watch:
     def _see(self, effect: Any) -> Any:
         vote = vote_of(effect)
         if vote is not None:
-            value, mode, place, ticket, life = vote[6], vote[8], vote[9], vote[10], vote[11]
+            value, _, mode, place, ticket, life = vote_argv(vote)[:6]
             if not self.values or self.values[-1] != value:
                 self.values.append(value)
             self.checker.voted(self.call, mode, place, ticket, life)

@@ -3,20 +3,28 @@
 A client driver reports what its client *returned* to the caller (acquired,
 extended, fenced, released, gave up), at the true moment it happened. The
 checker knows true time and can look inside every node, which no client can;
-so it judges each report against the world's real state:
+so it judges each report against the world's real state.
 
-(a) exclusion: two locks on one resource are never valid at the same true
+A lock may hold several resources at once (taken all or nothing): reports name
+one resource or a collection of them, and a lock on several counts as a
+holding of every member. Each promise below holds per member:
+
+(a) exclusion: two locks sharing a resource are never valid at the same true
     time. A lock is valid from its acquisition until the earlier of its
     release and the true time its reported validity ends on the holder's clock;
-(b) fencing: tokens order like acquisitions on each resource, strictly;
+(b) fencing: tokens order like acquisitions on each resource, strictly (the one
+    token of a lock on several resources is checked against the holders of
+    every member);
 (c) honest validity: when a lock (or an extension) is returned, a quorum of
-    nodes stores the holder's value for at least the reported validity, in
-    true time, each node's remaining ttl measured on its own clock (a node
-    that lost the key in a crash and is still down counts as keeping it: it
-    votes for no one; if it rejoins too early, (a) catches the consequence);
+    nodes stores the holder's value on every member's key for at least the
+    reported validity, in true time, each node's remaining ttl measured on its
+    own clock (a node counts only if it keeps all the members: the lock is one
+    lock, all or nothing on each node; a node that lost the keys in a crash and
+    is still down counts as keeping them: it votes for no one; if it rejoins
+    too early, (a) catches the consequence);
 (d) nothing left behind: once a holder released or gave up a value, and no
     fault or late delivery happened for one ttl (+ drift + slack), no node
-    stores that value;
+    stores that value under any key;
 (e) progress: after :meth:`Checker.expect_progress`, some lock is acquired
     within the given bound;
 (h) nothing left in line: once an acquire() call ended (gave up, was
@@ -24,14 +32,38 @@ so it judges each report against the world's real state:
     late delivery happened for its place's lifetime (its wait slice +
     ``PLACE_MARGIN``) plus one more slice and server tick (a vote written
     behind a BLPOP runs that much after its bytes land) (+ drift and slack),
-    its place is in no node's waiting line.
+    its place is in no node's waiting line of any of its resources.
 
 With ``fair=True`` (runs without faults), two more:
 
-(f) fairness: a call is never granted while an earlier call (lower ticket)
-    that was already in line on every node before it started still waits;
-(g) wake-up: after a release, while someone waits in line, some call on that
-    resource is granted within ``wake_within`` true seconds.
+(f) fairness, strict FIFO per line: a call is never granted a resource while an
+    earlier call (lower ticket) that was already in that resource's line on
+    every node before it started still waits. This is meant to hold for locks
+    on several resources too, with no exception: a node grants a vote only to
+    a caller first in every line it is in, so wherever the earlier call's place
+    is in that resource's line, the later call is second there, whichever of
+    its other members the earlier call still waits for; the later call needs a
+    quorum of such nodes, so the rule holds as long as the earlier call's
+    place stays in line on more than ``N - quorum`` nodes until it is granted
+    or leaves. A call that waits for two resources thus holds up the line of
+    one while it waits for the other: the price of never skipping anyone.
+(g) wake-up: after a release, for each released resource with someone in its
+    line on every node, some call on that resource is granted within
+    ``wake_within`` true seconds, unless every such waiter is *blocked
+    elsewhere* (:meth:`Checker._blocked`). With one resource per call nobody is
+    ever blocked elsewhere and this is the plain rule. With several, a release
+    wakes the first in line, and the first may be a call that also waits for
+    another resource: its vote is refused while that other member is held, or
+    while an earlier call is ahead of it in that member's line, and every call
+    behind it in this line waits behind it (f). Nobody can be granted this
+    resource from this wake-up then; the grant comes when the other member is
+    released, whose own release is checked in turn (and a lock that lapses
+    without a release wakes nobody: waiters vote again at the end of their
+    wait slice, by design). So a miss is excused only for a waiter that, at
+    some moment between the release and the check, had another member held by
+    someone, or an earlier call ahead of it in the line of another member, or
+    an earlier call ahead of it in this line that was itself blocked
+    elsewhere. A waiter that nothing blocks must still be granted in time.
 
 A broken promise raises :class:`Violation` with the seed and the trace tail.
 """
@@ -39,6 +71,7 @@ A broken promise raises :class:`Violation` with the seed and the trace tail.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -47,21 +80,34 @@ from django_redlock.core.base import PLACE_MARGIN
 from .redis_model import SimNode
 from .world import Exhaustive, Process, World
 
-__all__ = ["Call", "Checker", "Holding", "Violation"]
+__all__ = ["Call", "Checker", "Holding", "Violation", "members"]
 
 EPS = 1e-9
+#: How many recent holdings, grants and calls are kept per resource (bounded memory).
+RECENT = 64
 
 
 class Violation(AssertionError):
     """An invariant broke; the message carries the seed and the end of the trace."""
 
 
+def members(resource: str | Iterable[str]) -> tuple[str, ...]:
+    """The resources a report names: one (a string) or several, sorted and each once (as the engine keeps them)."""
+    if isinstance(resource, str):
+        return (resource,)
+    return tuple(sorted(set(resource)))
+
+
+def name_of(resources: Sequence[str]) -> str:
+    return ", ".join(resources)
+
+
 @dataclass
 class Holding:
-    """One lock a client returned to its caller."""
+    """One lock a client returned to its caller (on one resource or several)."""
 
     client: str
-    resource: str
+    resources: tuple[str, ...]
     value: bytes
     seq: int  # acquisition order
     since: float  # true time of acquisition
@@ -69,6 +115,10 @@ class Holding:
     ended: float = math.inf  # true time it was released, given up or lost
     token: int | None = None
     extensions: int = 0
+
+    @property
+    def resource(self) -> str:
+        return name_of(self.resources)
 
     @property
     def end(self) -> float:
@@ -81,15 +131,25 @@ class Call:
 
     seq: int
     client: str
-    resource: str
+    resources: tuple[str, ...]
     started: float  # true time of the call
     ticket: int | None = None
     place: bytes = b""
     in_line: bool = False  # it took a place (voted "join" or "wait")
     life: int = 0  # the longest place lifetime its votes asked for (ms)
-    joined: float = math.inf  # true time its place was first seen on every node
+    #: resource -> true time its place was first seen in that resource's line on every node
+    joined_at: dict[str, float] = field(default_factory=dict)
     granted: float = math.inf
     ended: float = math.inf
+
+    @property
+    def resource(self) -> str:
+        return name_of(self.resources)
+
+    @property
+    def joined(self) -> float:
+        """True time its place was in every one of its lines on every node (inf: not yet)."""
+        return max((self.joined_at.get(r, math.inf) for r in self.resources), default=math.inf)
 
     @property
     def order(self) -> tuple[int, bytes]:
@@ -114,6 +174,11 @@ def _b(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
+def _trim(items: list[Any]) -> None:
+    if len(items) > RECENT:
+        del items[:-RECENT]
+
+
 @dataclass
 class Checker:
     """Feed it the client's outcomes; it raises :class:`Violation` on a broken promise.
@@ -135,9 +200,12 @@ class Checker:
     fair: bool = False
     wake_within: float = 0.1
     trace_tail: int = 60
+    #: Per resource: the recent holdings of it (a lock on several is in the list of each).
     holdings: dict[str, list[Holding]] = field(default_factory=dict)
     by_value: dict[bytes, Holding] = field(default_factory=dict)
     acquisitions: int = 0
+    #: How many of them held several resources at once.
+    acquisitions_of_several: int = 0
     last_acquired_at: float = -math.inf
     #: How many (d) checks concluded (a value was looked for on every node).
     leftover_checks: int = 0
@@ -147,8 +215,12 @@ class Checker:
     #: Per resource: calls under way (for (f) and (g)), and the grants in order (for fairness statistics).
     active: dict[str, list[Call]] = field(default_factory=dict)
     grants: dict[str, list[Call]] = field(default_factory=dict)
+    #: Per resource: the recent calls on it, over or not (for (g): who was ahead of whom).
+    recent_calls: dict[str, list[Call]] = field(default_factory=dict)
     #: (g): true seconds from each release (with someone in line) to the next grant on that resource.
     wake_delays: list[float] = field(default_factory=list)
+    #: (g): releases after which nobody was granted in time because every waiter was blocked elsewhere.
+    wakes_excused: int = 0
 
     def __post_init__(self) -> None:
         if self.quorum is None:
@@ -158,71 +230,76 @@ class Checker:
 
     # -- reports from the client driver -------------------------------------------------
 
-    def acquired(self, client: Process, resource: str, value: Any, validity: float,
+    def acquired(self, client: Process, resource: str | Iterable[str], value: Any, validity: float,
                  fencing_token: int | None = None, deadline_local: float | None = None,
                  call: Call | None = None) -> Holding:
         """The client returned a lock with ``validity`` local seconds left (or a local deadline)."""
         world = self.world
         now = world.now
-        self._last_grant[resource] = now
+        resources = members(resource)
+        for r in resources:
+            self._last_grant[r] = now
         if call is not None:
             self._granted(call, now)
         until = client.clock.to_true(deadline_local) if deadline_local is not None \
             else now + client.clock.true_duration(validity)
         v = _b(value)
         self.acquisitions += 1
+        self.acquisitions_of_several += len(resources) > 1
         self.last_acquired_at = now
-        h = Holding(client.name, resource, v, self.acquisitions, now, until)
-        world.note(client.name, "ACQUIRED", resource, v, f"validity={validity:.6f}",
+        h = Holding(client.name, resources, v, self.acquisitions, now, until)
+        world.note(client.name, "ACQUIRED", h.resource, v, f"validity={validity:.6f}",
                    f"valid_until={until:.6f}")
-        held = self.holdings.setdefault(resource, [])
-        if len(held) > 64:  # bounded memory: old holdings ended long ago
-            del held[:-64]
-        self._exclusive(h, held, now)
+        for r in resources:
+            held = self.holdings.setdefault(r, [])
+            _trim(held)  # old holdings ended long ago
+            self._exclusive(h, r, held, now)
         self._honest(h, until - now, "acquired")
-        held.append(h)
+        for r in resources:
+            self.holdings[r].append(h)
         self.by_value[v] = h
         if fencing_token is not None:
-            self.fenced(client, resource, v, fencing_token)
+            self.fenced(client, resources, v, fencing_token)
         return h
 
-    def extended(self, client: Process, resource: str, value: Any, validity: float,
+    def extended(self, client: Process, resource: str | Iterable[str], value: Any, validity: float,
                  deadline_local: float | None = None) -> None:
         """The client extended its lock: ``validity`` local seconds from now."""
         now = self.world.now
         h = self._holding(value, "extended")
         until = client.clock.to_true(deadline_local) if deadline_local is not None \
             else now + client.clock.true_duration(validity)
-        self.world.note(client.name, "EXTENDED", resource, h.value, f"validity={validity:.6f}")
-        others = [o for o in self.holdings.get(resource, []) if o is not h]
+        self.world.note(client.name, "EXTENDED", h.resource, h.value, f"validity={validity:.6f}")
         if h.end <= now + EPS:
             # The lock had lapsed: extending it is acquiring it anew.
-            self._exclusive(h, others, now)
+            for r in h.resources:
+                self._exclusive(h, r, [o for o in self.holdings.get(r, []) if o is not h], now)
         self._honest(h, until - now, "extended")
         h.valid_until = until
         h.extensions += 1
 
-    def fenced(self, client: Process, resource: str, value: Any, token: int) -> None:
-        """The client was handed ``token`` for its lock."""
+    def fenced(self, client: Process, resource: str | Iterable[str], value: Any, token: int) -> None:
+        """The client was handed ``token`` for its lock (one token for all of its resources)."""
         h = self._holding(value, "fenced")
         h.token = token
-        self.world.note(client.name, "FENCED", resource, h.value, f"token={token}")
-        for o in self.holdings.get(resource, []):
-            if o is h or o.token is None:
-                continue
-            if (o.seq < h.seq) != (o.token < token) or o.token == token:
-                self._fail(
-                    f"(b) fencing: {resource!r}: {h.client} (acquisition #{h.seq}) got token {token}, "
-                    f"but {o.client} (acquisition #{o.seq}) has token {o.token}"
-                )
+        self.world.note(client.name, "FENCED", h.resource, h.value, f"token={token}")
+        for r in h.resources:
+            for o in self.holdings.get(r, []):
+                if o is h or o.token is None:
+                    continue
+                if (o.seq < h.seq) != (o.token < token) or o.token == token:
+                    self._fail(
+                        f"(b) fencing: {r!r}: {h.client} (acquisition #{h.seq} of {h.resource!r}) got token "
+                        f"{token}, but {o.client} (acquisition #{o.seq} of {o.resource!r}) has token {o.token}"
+                    )
 
-    def released(self, client: Process, resource: str, value: Any, ttl: float | None = None) -> None:
+    def released(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None = None) -> None:
         """The client's release returned (its lock ends now, whatever the nodes said)."""
         self._ended(client, resource, value, ttl, "RELEASED")
         if self.fair:
-            self._expect_wake(resource)
+            self._expect_wake(members(resource))
 
-    def gave_up(self, client: Process, resource: str, value: Any, ttl: float | None = None) -> None:
+    def gave_up(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None = None) -> None:
         """The client abandoned ``value`` (a failed attempt, or a lock it lost)."""
         self._ended(client, resource, value, ttl, "GAVE_UP")
 
@@ -242,11 +319,15 @@ class Checker:
 
     # -- the waiting line -------------------------------------------------------------------
 
-    def call(self, client: Process, resource: str) -> Call:
-        """An acquire() call begins."""
+    def call(self, client: Process, resource: str | Iterable[str]) -> Call:
+        """An acquire() call begins (on one resource or several)."""
         self.calls += 1
-        call = Call(self.calls, client.name, resource, self.world.now)
-        self.active.setdefault(resource, []).append(call)
+        call = Call(self.calls, client.name, members(resource), self.world.now)
+        for r in call.resources:
+            self.active.setdefault(r, []).append(call)
+            seen = self.recent_calls.setdefault(r, [])
+            _trim(seen)
+            seen.append(call)
         return call
 
     def voted(self, call: Call, mode: Any, place: Any, ticket: Any, life: Any) -> None:
@@ -265,10 +346,12 @@ class Checker:
     def _poll_joined(self, call: Call) -> None:
         if not call.waiting or call.joined < math.inf:
             return
-        queue, places = self.line_of(call.resource)
-        if all(node.in_line(queue, places, call.place) for node in self.nodes):
-            call.joined = self.world.now
-        else:
+        for r in call.resources:
+            if r not in call.joined_at:
+                queue, places = self.line_of(r)
+                if all(node.in_line(queue, places, call.place) for node in self.nodes):
+                    call.joined_at[r] = self.world.now
+        if call.joined == math.inf:
             self.world.after(0.002, self._poll_joined, call)
 
     def left_line(self, call: Call) -> None:
@@ -276,9 +359,10 @@ class Checker:
         if call.ended < math.inf:
             return
         call.ended = self.world.now
-        held = self.active.get(call.resource, [])
-        if call in held:
-            held.remove(call)
+        for r in call.resources:
+            held = self.active.get(r, [])
+            if call in held:
+                held.remove(call)
         if call.in_line:
             # A place lives ``life`` (its wait slice + PLACE_MARGIN) after the vote that refreshed it
             # last. That vote ran before the call ended, or, written behind a BLPOP, at most one
@@ -301,8 +385,11 @@ class Checker:
             return
         self._gone_pending -= 1
         self.line_checks += 1
-        queue, places = self.line_of(call.resource)
-        left = [n.name for n in self.nodes if n.up and n.in_line(queue, places, call.place)]
+        left = []
+        for r in call.resources:
+            queue, places = self.line_of(r)
+            left += [f"{n.name} ({r!r})" if len(call.resources) > 1 else n.name
+                     for n in self.nodes if n.up and n.in_line(queue, places, call.place)]
         if left:
             self._fail(
                 f"(h) left in line: the place {call.place[:12]!r}.. of {call.client}'s call on "
@@ -311,97 +398,154 @@ class Checker:
 
     def _granted(self, call: Call, now: float) -> None:
         call.granted = now
-        self.grants.setdefault(call.resource, []).append(call)
-        if len(self.grants[call.resource]) > 10_000:
-            del self.grants[call.resource][:5_000]
-        held = self.active.get(call.resource, [])
-        if call in held:
-            held.remove(call)
+        for r in call.resources:
+            grants = self.grants.setdefault(r, [])
+            grants.append(call)
+            if len(grants) > 10_000:
+                del grants[:5_000]
+            held = self.active.get(r, [])
+            if call in held:
+                held.remove(call)
         if not self.fair:
             return
-        for other in held:
-            if other.waiting and other.joined < call.started and other.order < call.order:
-                self._fail(
-                    f"(f) fairness: {call.client}'s call (ticket {call.ticket}, started t={call.started:.6f}) "
-                    f"was granted {call.resource!r} while {other.client}'s call (ticket {other.ticket}) "
-                    f"waits in line on every node since t={other.joined:.6f}"
-                )
+        # (f), per line: nobody earlier that was in this resource's line on every node before
+        # the call started may still wait, whatever else either call waits for.
+        for r in call.resources:
+            for other in self.active.get(r, []):
+                joined = other.joined_at.get(r, math.inf)
+                if other.waiting and joined < call.started and other.order < call.order:
+                    self._fail(
+                        f"(f) fairness: {call.client}'s call on {call.resource!r} (ticket {call.ticket}, "
+                        f"started t={call.started:.6f}) was granted {r!r} while {other.client}'s call on "
+                        f"{other.resource!r} (ticket {other.ticket}) waits in {r!r}'s line on every node "
+                        f"since t={joined:.6f}"
+                    )
 
-    def _expect_wake(self, resource: str) -> None:
+    def _expect_wake(self, resources: tuple[str, ...]) -> None:
         now = self.world.now
-        waiting = [c for c in self.active.get(resource, []) if c.waiting and c.joined <= now]
-        if not waiting:
+        for r in resources:
+            waiting = [c for c in self.active.get(r, []) if c.waiting and c.joined_at.get(r, math.inf) <= now]
+            if waiting:
+                self.world.after(self.wake_within, self._check_wake, r, now, waiting)
+
+    def _check_wake(self, resource: str, released: float, waiting: list[Call]) -> None:
+        """(g) for one released resource: a grant on it since ``released``, or every waiter blocked elsewhere."""
+        first = min((c.granted for c in self.grants.get(resource, ())[-RECENT:] if c.granted > released),
+                    default=None)
+        if first is not None:
+            self.wake_delays.append(first - released)
             return
+        still = [c for c in waiting if c.waiting]
+        if not still:
+            return
+        now = self.world.now
+        free = [c for c in still if self._blocked(c, resource, released, now) is None]
+        if not free:
+            self.wakes_excused += 1
+            return
+        stuck = free[0]
+        self._fail(
+            f"(g) wake-up: {resource!r} was released at t={released:.6f} while {stuck.client}'s call on "
+            f"{stuck.resource!r} waited in line (ticket {stuck.ticket}), blocked by nothing else; "
+            f"nobody was granted {resource!r} within {self.wake_within:.3f}s"
+        )
 
-        def check() -> None:
-            first = min((c.granted for c in self.grants.get(resource, ())[-64:] if c.granted > now), default=None)
-            if first is not None:
-                self.wake_delays.append(first - now)
-                return
-            if any(c.waiting for c in waiting):
-                stuck = next(c for c in waiting if c.waiting)
-                self._fail(
-                    f"(g) wake-up: {resource!r} was released at t={now:.6f} while {stuck.client} waited in line "
-                    f"(ticket {stuck.ticket}); nobody was granted it within {self.wake_within:.3f}s"
-                )
+    def _blocked(self, call: Call, resource: str, since: float, until: float) -> str | None:
+        """Why ``call``, waiting in ``resource``'s line, may rightly not be granted ``resource`` between
+        ``since`` and ``until`` (None: nothing stops it), for (g).
 
-        self.world.after(self.wake_within, check)
+        * another of its members was held by someone at some moment in that time (a lock that ended
+          before ``since`` no longer counts; one that lapsed without a release counts for one more
+          ttl, as long as its keys may live on the nodes);
+        * an earlier call (lower ticket) waiting in line at some moment in that time is ahead of it
+          in another member's line: that call goes first there (f);
+        * an earlier call ahead of it in ``resource``'s own line is itself blocked elsewhere.
+        """
+        for m in call.resources:
+            if m == resource:
+                continue
+            for o in self.holdings.get(m, ()):
+                if o.since <= until and o.ended > since and o.valid_until + self.ttl > since:
+                    return f"{m!r} held by {o.client} (acquisition #{o.seq} of {o.resource!r})"
+        for m in call.resources:
+            for e in self.recent_calls.get(m, ()):
+                if e is call or not e.in_line or e.order >= call.order:
+                    continue
+                if e.started > until or min(e.granted, e.ended) <= since:
+                    continue  # not in line during that time
+                if m != resource:
+                    return f"behind {e.client}'s call on {e.resource!r} in {m!r}'s line"
+                why = self._blocked(e, resource, since, until)
+                if why is not None:
+                    return f"behind {e.client}'s call on {e.resource!r}, itself blocked: {why}"
+        return None
 
     # -- checks ---------------------------------------------------------------------------
 
-    def _exclusive(self, h: Holding, others: Sequence[Holding], now: float) -> None:
+    def _exclusive(self, h: Holding, resource: str, others: Sequence[Holding], now: float) -> None:
         for o in others:
             if o.end > now + EPS:
+                what = repr(resource) if len(h.resources) == 1 else f"{resource!r} (with {h.resource!r})"
+                theirs = "" if o.resources == (resource,) else f" (with {o.resource!r})"
                 self._fail(
-                    f"(a) exclusion: {h.client} acquired {h.resource!r} at t={now:.6f} while {o.client} "
-                    f"holds it (acquired t={o.since:.6f}, valid until t={o.valid_until:.6f}, "
+                    f"(a) exclusion: {h.client} acquired {what} at t={now:.6f} while {o.client} "
+                    f"holds it{theirs} (acquired t={o.since:.6f}, valid until t={o.valid_until:.6f}, "
                     f"{'released t=%.6f' % o.ended if o.ended < math.inf else 'not released'})"
                 )
+
+    def _kept(self, node: SimNode, key: str, value: bytes, validity_true: float) -> tuple[bool, str]:
+        """Does ``node`` keep ``value`` at ``key`` for ``validity_true`` more true seconds, and what it has."""
+        found = node.peek(key)
+        down = ""
+        if found is None:
+            # A node down since a crash that lost the key votes for no one while down,
+            # nor while it sits out after its restart (up for less than the ttl): it
+            # keeps the lock as well as if it still held the key (a restart that votes
+            # too early is caught by (a), not here).
+            found = node.peek_lost(key, self.ttl)
+            down = " (lost in a crash; down or sitting out)"
+        if found is None:
+            return False, "none"
+        stored, left = found
+        if stored != value:
+            return False, "other value"
+        return left is None or left >= validity_true - EPS, f"{'no ttl' if left is None else f'{left:.6f}s'}{down}"
 
     def _honest(self, h: Holding, validity_true: float, what: str) -> None:
         if validity_true <= 0:
             return
-        key = self.key_of(h.resource)
         good = []
         seen = []
         for node in self.nodes:
-            found = node.peek(key)
-            down = ""
-            if found is None:
-                # A node down since a crash that lost the key votes for no one while down,
-                # nor while it sits out after its restart (up for less than the ttl): it
-                # keeps the lock as well as if it still held the key (a restart that votes
-                # too early is caught by (a), not here).
-                found = node.peek_lost(key, self.ttl)
-                down = " (lost in a crash; down or sitting out)"
-            if found is None:
-                seen.append(f"{node.name}: none")
-                continue
-            value, left = found
-            if value != h.value:
-                seen.append(f"{node.name}: other value")
-                continue
-            seen.append(f"{node.name}: {'no ttl' if left is None else f'{left:.6f}s'}{down}")
-            if left is None or left >= validity_true - EPS:
+            # The lock is one lock: a node keeps it only if it keeps every member.
+            kept = [(r, *self._kept(node, self.key_of(r), h.value, validity_true)) for r in h.resources]
+            if len(kept) == 1:
+                seen.append(f"{node.name}: {kept[0][2]}")
+            else:
+                seen.append(f"{node.name}: " + ", ".join(f"{r} {state}" for r, _, state in kept))
+            if all(ok for _, ok, _ in kept):
                 good.append(node.name)
         assert self.quorum is not None
         if len(good) < self.quorum:
+            every = "" if len(h.resources) == 1 else " on every member"
             self._fail(
                 f"(c) validity: {h.client} {what} {h.resource!r} with {validity_true:.6f}s of validity "
-                f"(true time), but only {len(good)} node(s) keep its value that long "
+                f"(true time), but only {len(good)} node(s) keep its value{every} that long "
                 f"(quorum {self.quorum}): " + "; ".join(seen)
             )
 
-    def _ended(self, client: Process, resource: str, value: Any, ttl: float | None, what: str) -> None:
+    def _ended(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None,
+               what: str) -> None:
         now = self.world.now
         v = _b(value)
         h = self.by_value.pop(v, None)
         if h is not None and h.ended == math.inf:
             h.ended = now
-        self.world.note(client.name, what, resource, v)
+        name = name_of(members(resource))
+        self.world.note(client.name, what, name, v)
         min_rate = min(n.clock.rate for n in self.nodes)
         bound = (ttl if ttl is not None else self.ttl) / min_rate + self.slack
-        gone = _Gone(client.name, v, resource, now, bound)
+        gone = _Gone(client.name, v, name, now, bound)
         self._gone_pending += 1
         self.world.after(bound, self._check_gone, gone)
 
@@ -418,7 +562,8 @@ class Checker:
         if world.now < due - EPS:
             world.at(due, self._check_gone, gone)
             return
-        left = [n.name for n in self.nodes if n.holds_value(gone.value)]
+        left = [f"{n.name} ({', '.join(k.decode('utf-8', 'replace') for k in keys)})"
+                for n in self.nodes if (keys := n.keys_holding(gone.value))]
         self._gone_pending -= 1
         self.leftover_checks += 1
         if left:

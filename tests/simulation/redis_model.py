@@ -302,8 +302,12 @@ class SimNode:
         return {k: e[0] for k in list(self.data) if (e := self._live(k)) is not None and type(e[0]) is bytes}
 
     def holds_value(self, value: Any) -> bool:
+        return bool(self.keys_holding(value))
+
+    def keys_holding(self, value: Any) -> list[bytes]:
+        """The live string keys whose value is ``value`` (every member of a lock on several resources)."""
         v = _b(value)
-        return any(val == v for val in self.holders().values())
+        return sorted(k for k, val in self.holders().items() if val == v)
 
     def in_line(self, queue: Any, places: Any, place: Any) -> bool:
         """Does ``place`` still count in this waiting line?
@@ -497,6 +501,16 @@ class SimNode:
         if entry is not None and type(entry[0]) is not bytes:
             raise _Error(WRONGTYPE)
         return None if entry is None else entry[0]
+
+    def _mget(self, args: Sequence[Any]) -> list[Any]:
+        """Each key's string value, nil for a missing key or another type (as Redis: no WRONGTYPE)."""
+        if not args:
+            raise _Error("ERR wrong number of arguments for 'mget' command")
+        out = []
+        for key in args:
+            entry = self._live(_b(key))
+            out.append(entry[0] if entry is not None and type(entry[0]) is bytes else None)
+        return out
 
     def _typed(self, key: bytes, kind: type) -> Any:
         """The live value at ``key`` if it has type ``kind``; None if missing; WRONGTYPE otherwise."""
@@ -801,11 +815,18 @@ class SimNode:
         return int(lowest)
 
     def _inspect(self, keys: list[bytes], argv: list[bytes]) -> list[Any]:
+        head, places_head = argv[0], argv[1]
+        after = self._now_ms()
         out: list[Any] = []
-        for key in keys:
+        waiting: list[int] = []
+        for i, key in enumerate(keys, 1):
             out.append(self._get([key]))
             out.append(self._pttl([key]))
-        out.append([])  # the simulator keeps no waiting lines: nobody waits
+            places = self._typed(places_head + key[len(head):], dict)
+            live = sum(1 for expiry in (places or {}).values() if expiry > after)
+            if live > 0:
+                waiting += [i, live]
+        out.append(waiting)
         return out
 
     def __repr__(self) -> str:
@@ -835,6 +856,7 @@ def _lua_number(value: bytes) -> float:
 _COMMANDS: dict[str, Callable[[SimNode, Sequence[Any]], Any]] = {
     "SET": SimNode._set,
     "GET": SimNode._get,
+    "MGET": SimNode._mget,
     "PTTL": SimNode._pttl,
     "PEXPIRE": SimNode._pexpire,
     "DEL": SimNode._del,

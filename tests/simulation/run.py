@@ -26,12 +26,17 @@ __all__ = ["Outcome", "contend", "simulate"]
 #: wall clock, which keeps them ordered after counters are lost with restarted nodes
 #: only while clocks disagree by less than the restart window (docs/safety.rst).
 WALL_SKEW = 0.2
+#: The share of calls in the random runs that lock several resources at once (two or three of
+#: the pool, overlapping with the calls on one of them).
+MULTI = 0.3
 
 
 @dataclass
 class Outcome:
     seed: int
     acquired: int = 0
+    #: How many of the locks acquired held several resources at once.
+    several: int = 0
     failed: int = 0
     faults: int = 0
     events: int = 0
@@ -45,7 +50,8 @@ def simulate(
     seconds: float = 4.0,
     clients: int = 3,
     nodes: int = 5,
-    resources: tuple[str, ...] = ("r0", "r1"),
+    resources: tuple[str, ...] = ("r0", "r1", "r2"),
+    multi: float = MULTI,
     ttl: float = 1.0,
     faults: FaultConfig | None = None,
     net: NetConfig | None = None,
@@ -59,7 +65,10 @@ def simulate(
     flaky_info: float = 0.0,
     wall_skew: float | None = None,
 ) -> Outcome:
-    """Run one seeded simulation; a broken invariant is returned in ``violation`` (with the trace)."""
+    """Run one seeded simulation; a broken invariant is returned in ``violation`` (with the trace).
+
+    Each call locks one of ``resources`` or, by chance ``multi``, two or three of them at once.
+    """
     kwargs: dict[str, Any] = {}
     if share is not None:
         kwargs["share"] = share
@@ -89,6 +98,7 @@ def simulate(
             new = SimClient(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
                             node_timeout=node_timeout, wall_offset=dead.wall_offset)
             new.fencing = fencing
+            new.multi = multi
             by_proc[new.proc] = new
             procs.append(new)
             new.proc.after_local(world.uniform(0.0, 0.2, "respawn delay"), new.session, list(resources), stop)
@@ -99,6 +109,7 @@ def simulate(
             nemesis.respawn = respawn
         for client in procs:
             client.fencing = fencing
+            client.multi = multi
             world.at(begin, client.session, list(resources), stop)
         world.run_until(stop + ttl * 2)
         if nemesis is not None:
@@ -106,6 +117,7 @@ def simulate(
     except Violation as exc:
         outcome.violation = str(exc)
     outcome.acquired = sum(c.acquired for c in procs)
+    outcome.several = sim.checker.acquisitions_of_several
     outcome.failed = sum(c.failed for c in procs)
     outcome.events = world.events_run
     return outcome
@@ -121,33 +133,44 @@ def contend(
     once: float = 0.2,
     wake_within: float = 0.1,
     net: NetConfig | None = None,
+    resources: tuple[str, ...] = ("r",),
+    multi: float = 0.0,
 ) -> Outcome:
     """A run without faults where ``clients`` queue up for one lock with blocking acquires.
 
     Besides every invariant, checks (f) fairness (nobody is granted past an earlier call that
     was already in line everywhere) and (g) wake-up (after a release, someone in line is granted
-    within ``wake_within`` seconds). ``extra`` has the grants per client and the wake-up delays.
+    within ``wake_within`` seconds). ``extra`` has the grants per client, the wake-up delays and
+    how many wake-ups were excused because every waiter was blocked on another resource.
+
+    With several ``resources``, each call locks one of them or, by chance ``multi``, two or three
+    at once: overlapping sets queue in the lines of all their members.
     """
     sim = build(seed, ttl=ttl, net=net or NetConfig(late_chance=0.0))
     world, checker = sim.world, sim.checker
     checker.fair = True
     checker.wake_within = wake_within
     procs = [SimClient(sim, f"c{i}", ttl=ttl) for i in range(clients)]
+    target: str | tuple[str, ...] = resources[0] if len(resources) == 1 else resources
+    for client in procs:
+        client.multi = multi
     outcome = Outcome(seed)
     begin = ttl * 2 + 0.1  # the nodes are new: wait out the restart window once
     try:
         for i, client in enumerate(procs):
-            world.at(begin + 0.01 * i, lambda c=client: c.contend("r", begin + seconds, hold=hold, once=once))
+            world.at(begin + 0.01 * i, lambda c=client: c.contend(target, begin + seconds, hold=hold, once=once))
         world.run_until(begin + seconds + ttl * 2)
     except Violation as exc:
         outcome.violation = str(exc)
     outcome.acquired = sum(c.acquired for c in procs)
+    outcome.several = checker.acquisitions_of_several
     outcome.failed = sum(c.failed for c in procs)
     outcome.events = world.events_run
-    grants = checker.grants.get("r", [])
+    grants = {id(g): g for r in resources for g in checker.grants.get(r, [])}.values()
     outcome.extra = {
         "grants": {c.name: sum(1 for g in grants if g.client == c.name) for c in procs},
         "wake_delays": list(checker.wake_delays),
+        "wakes_excused": checker.wakes_excused,
     }
     return outcome
 
@@ -174,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         outcome = simulate(seed, seconds=args.seconds, faults=default_faults())
         totals.acquired += outcome.acquired
+        totals.several += outcome.several
         totals.failed += outcome.failed
         totals.faults += outcome.faults
         totals.events += outcome.events
@@ -185,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     n = len(seeds)
     print(
         f"{n} seeds, {args.seconds:g} simulated s of faults each: no violation. "
-        f"{totals.acquired} locks acquired, {totals.failed} acquire calls refused, {totals.faults} faults, "
+        f"{totals.acquired} locks acquired ({totals.several} of them on several resources at once), "
+        f"{totals.failed} acquire calls refused, {totals.faults} faults, "
         f"{totals.events} events; {took:.1f} s ({n / took:.1f} seeds/s, {totals.events / took:,.0f} events/s)."
     )
     return 0
