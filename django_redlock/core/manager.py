@@ -130,9 +130,32 @@ class LockManager(ManagerBase):
     """Acquire Redlock locks on a set of independent Redis masters.
 
     ``nodes`` are Redis URLs (``redis://``, ``rediss://``, ``unix://``),
-    redis-py clients, or mappings ``{"URL": ..., "OPTIONS": {...}}``. Nothing
+    redis-py clients, or mappings ``{"URL": ..., "OPTIONS": {...},
+    "FSYNC_ALWAYS": bool}``; list each independent master once. Nothing
     connects until the first call, and a node that is down at start-up only
-    counts as a failed vote.
+    counts as a failed vote. The keyword arguments (``REDLOCK`` keys in
+    Django, see :doc:`configuration`):
+
+    - ``ttl``: seconds a lock lives on the nodes unless extended (default 30).
+    - ``retry_count``, ``retry_delay``: a blocking ``acquire()`` without
+      ``timeout`` waits up to ``retry_count * retry_delay`` seconds
+      (``retry_count=None``: forever); ``retry_delay`` (with
+      ``retry_jitter``, seconds either side) is also the pause before voting
+      again when too few nodes answered.
+    - ``clock_drift_factor``: the share of the ttl taken off the validity for
+      clock drift between the client and the nodes (plus 2 ms).
+    - ``node_timeout``: how long one fan-out waits for a node's reply
+      (seconds, default 0.05); a node that does not answer in time counts
+      as a failed vote.
+    - ``key_prefix``: the start of every key on the nodes (``"redlock:"``).
+    - ``max_extensions``: how many times one lock may be extended (None: no limit).
+    - ``label``: a default label stored with each holder, shown to operators.
+    - ``hooks``: a :class:`~django_redlock.core.Hooks` whose methods run on
+      lock events.
+    - ``restart_window``: seconds a node restarted without fsync-always
+      persistence sits out (default: ``max_ttl`` plus drift; 0 turns the
+      delayed-restart rule off, for tests and development only).
+    - ``max_ttl``: the longest ttl any client of these nodes may use (default 60).
     """
 
     _extender_instance: Extender | None = None
