@@ -1,0 +1,318 @@
+"""Celery tasks that run under a Redlock: ``@redlock_task`` and ``base=RedlockTask``.
+
+The lock is taken when the task starts running (in a worker, or eagerly), on a
+resource named from the task's arguments, kept alive by the watchdog while the
+body runs, and released when the body returns or raises. When another holder
+has it, the task is skipped, retried with ``countdown`` = the lock's
+Retry-After, waits in line, or fails, as configured per task. A lock lost
+while the body ran fails the task with :class:`~django_redlock.exceptions.LockLost`;
+too few lock nodes (:class:`~django_redlock.exceptions.QuorumUnavailable`)
+fails it too: neither is ever reported as success or as a skip.
+
+Celery is an optional dependency: ``pip install 'django-redlock[celery]'``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar
+
+try:
+    import celery
+    from celery import current_task
+    from celery.exceptions import Retry
+    from celery.local import Proxy
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "django_redlock.celery needs Celery 5.3 or later: pip install 'django-redlock[celery]'"
+    ) from exc
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_redlock import conf
+from django_redlock.core import Lock, base
+from django_redlock.decorators import Keys, KeysSpec, retry_after_seconds
+from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+
+__all__ = ["SKIPPED", "RedlockTask", "WhenLocked", "current_lock", "redlock_task"]
+
+logger = logging.getLogger("django_redlock")
+
+#: What a task skipped with ``when_locked="skip"`` returns (a plain string, so
+#: every result backend and serializer stores it).
+SKIPPED: Final = "django_redlock:skipped"
+
+#: What a task does when another holder has its lock.
+WhenLocked = Literal["skip", "retry", "wait", "fail"]
+MODES: tuple[str, ...] = ("skip", "retry", "wait", "fail")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_current: ContextVar[Lock | None] = ContextVar("django_redlock_task_lock", default=None)
+
+
+def current_lock() -> Lock | None:
+    """The lock held by the task body running in this thread, or None outside one.
+
+    Long bodies can check ``current_lock().lost`` between steps and stop early,
+    and pass ``current_lock().fencing_token`` to the storage they write to.
+    """
+    return _current.get()
+
+
+def redlock_task(
+    key: KeysSpec,
+    ttl: float | None = None,
+    *,
+    when_locked: WhenLocked = "retry",
+    wait_timeout: float | None = None,
+    auto_extend: bool = True,
+    label: str | None = None,
+) -> Callable[[F], F]:
+    """Run a Celery task's body while holding a Redlock; stack it under ``@app.task``.
+
+    .. code-block:: python
+
+        @app.task(bind=True, max_retries=10)
+        @redlock_task("report-{customer_id}", when_locked="retry")
+        def build_report(self, customer_id): ...
+
+    ``key`` is a format string over the task's parameters
+    (``"report-{customer_id}"``; with ``bind=True`` also ``self``, the task),
+    a list of them locked together (all or nothing), or a callable taking the
+    task's arguments and returning the resource (or a list of resources).
+    A placeholder the function does not take is an ``ImproperlyConfigured``
+    error when the module is imported.
+
+    ``ttl`` defaults to ``REDLOCK['TTL']``; with ``auto_extend`` (the default)
+    the watchdog extends the lock while the body runs, so the ttl only bounds
+    how long a crashed worker keeps it. When another holder has the lock:
+
+    - ``"retry"`` (default): ``self.retry(countdown=...)``, the countdown being
+      the lock's Retry-After (at least 1 s), within the task's ``max_retries``;
+      past them the task fails with ``LockNotAcquired``;
+    - ``"skip"``: the body does not run, the task succeeds with :data:`SKIPPED`
+      (logged at INFO);
+    - ``"wait"``: wait in line up to ``wait_timeout`` seconds (required), then
+      fail with ``LockNotAcquired``; the worker slot is busy meanwhile;
+    - ``"fail"``: fail at once with ``LockNotAcquired``.
+
+    Too few lock nodes answering raises
+    :class:`~django_redlock.exceptions.QuorumUnavailable` in every mode: the
+    task fails (add it to ``autoretry_for`` to retry instead). A lock lost
+    while the body ran fails the task with
+    :class:`~django_redlock.exceptions.LockLost` (its return value is
+    discarded); the body is not interrupted, see :func:`current_lock`. The
+    lock is released when the body returns or raises, ``self.retry()``
+    included. ``label`` (default: the task's name and id) is shown by
+    ``manage.py redlock list``.
+    """
+    if when_locked not in MODES:
+        raise ImproperlyConfigured(f"when_locked must be one of {', '.join(map(repr, MODES))}; got {when_locked!r}.")
+    if when_locked == "wait":
+        if wait_timeout is None:
+            raise ImproperlyConfigured(
+                "when_locked='wait' needs wait_timeout (seconds): a worker slot waits that long at most."
+            )
+        base.check_seconds(wait_timeout, "wait_timeout", allow_zero=True)
+    elif wait_timeout is not None:
+        raise ImproperlyConfigured(
+            f"wait_timeout={wait_timeout!r} is only used with when_locked='wait'; got when_locked={when_locked!r}."
+        )
+    if ttl is not None:
+        base.check_ttl(ttl, 1.0)
+    base.check_flag(auto_extend, "auto_extend")
+    if label is not None and not isinstance(label, str):
+        raise ImproperlyConfigured(f"label must be a string or None; got {label!r}.")
+
+    def decorator(func: F) -> F:
+        _check_target(func)
+        spec = Keys(key, func)
+        runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return runner(wrapper, args, kwargs)
+
+        # Celery checks call arguments against this signature (task.__header__).
+        wrapper.__signature__ = inspect.signature(func)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def _check_target(func: Any) -> None:
+    if issubclass(type(func), (Proxy, celery.Task)):
+        raise ImproperlyConfigured(
+            "@redlock_task decorates the task's function: put it below @app.task / @shared_task, not above."
+        )
+    if not callable(func):
+        raise ImproperlyConfigured(f"@redlock_task decorates a function; got {func!r}.")
+    if inspect.iscoroutinefunction(func):
+        raise ImproperlyConfigured("@redlock_task cannot decorate an async def function: Celery runs sync tasks.")
+
+
+@dataclass(frozen=True)
+class _Runner:
+    """One decorated task body: acquire, run under the watchdog, release, judge."""
+
+    func: Callable[..., Any]
+    spec: Keys
+    ttl: float | None
+    when_locked: str
+    wait_timeout: float | None
+    auto_extend: bool
+    label: str | None
+
+    def __call__(self, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from django_redlock.manager import get_lock_manager
+
+        task = _running_task(wrapper)
+        name = task.name if task is not None else getattr(self.func, "__qualname__", repr(self.func))
+        resource = self.spec.format(args, kwargs)
+        conf.check_max_ttl(self.ttl)
+        manager = get_lock_manager()
+        label = self.label if self.label is not None else _label(task)
+        try:
+            if self.when_locked == "wait":
+                lock = manager.acquire(resource, self.ttl, blocking=True, timeout=self.wait_timeout, label=label)
+            else:
+                lock = manager.acquire(resource, self.ttl, blocking=False, label=label)
+        except QuorumUnavailable:
+            # Nobody can hold the lock: an outage, never a skip or an ordinary retry.
+            raise
+        except LockNotAcquired as error:
+            # The engine has logged why (INFO) and sent lock_not_acquired; say what the task does.
+            if self.when_locked == "skip":
+                logger.info("Task %s skipped: %r is locked.", _describe(task, name), error.resource)
+                return SKIPPED
+            if self.when_locked == "retry" and task is not None:
+                countdown = retry_after_seconds(error)
+                logger.info("Task %s retries in %d s: %r is locked.", _describe(task, name), countdown, error.resource)
+                raise task.retry(countdown=countdown, exc=error) from None
+            raise
+        if self.auto_extend:
+            manager._watch(lock, None, None)
+        token = _current.set(lock)
+        try:
+            result = self.func(*args, **kwargs)
+        except BaseException as exc:
+            _current.reset(token)
+            lock.release()
+            if lock.lost and not isinstance(exc, Retry):
+                logger.error(
+                    "Task %s raised %s and its lock %r was lost while it ran (%s).",
+                    _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
+                )
+            raise
+        _current.reset(token)
+        lock.release()
+        if lock.lost:  # found by the watchdog while the body ran, or by the release itself
+            raise LockLost(
+                f"Task {_describe(task, name)}: the lock {lock.resource!r} was lost while the task ran "
+                f"({lock.lost_reason}); the task's result is discarded.",
+                resource=lock.resource,
+            )
+        return result
+
+
+def _running_task(wrapper: Callable[..., Any]) -> Any:
+    """The Celery task whose body ``wrapper`` is, when it runs as that task; else None.
+
+    Celery puts the running task on a per-thread stack (worker, ``apply()``,
+    eager mode and direct calls alike). It is ours when its ``run`` is
+    ``wrapper``, possibly wrapped again (``autoretry_for``); a body called as
+    a plain function from inside another task gets None, not that task.
+    """
+    task = current_task._get_current_object()
+    if task is None:
+        return None
+    run = getattr(task, "run", None)
+    for _ in range(8):
+        if run is None:
+            break
+        if getattr(run, "__func__", run) is wrapper:
+            return task
+        run = getattr(run, "__wrapped__", None)
+    return None
+
+
+def _label(task: Any) -> str | None:
+    if task is None:
+        return None
+    task_id = getattr(task.request, "id", None)
+    return f"celery {task.name}[{task_id}]" if task_id else f"celery {task.name}"
+
+
+def _describe(task: Any, name: str) -> str:
+    task_id = getattr(task.request, "id", None) if task is not None else None
+    return f"{name}[{task_id}]" if task_id else name
+
+
+#: The keys of ``RedlockTask.redlock``: ``key`` (required) and :func:`redlock_task`'s keyword arguments.
+OPTION_KEYS: tuple[str, ...] = ("key", "ttl", "when_locked", "wait_timeout", "auto_extend", "label")
+
+
+class RedlockTask(celery.Task):  # type: ignore[misc]
+    """A task base class: ``@app.task(base=RedlockTask, redlock={...})``.
+
+    .. code-block:: python
+
+        @app.task(base=RedlockTask, redlock={"key": "report-{customer_id}", "when_locked": "skip"})
+        def build_report(customer_id): ...
+
+    ``redlock`` takes ``key`` and the keyword arguments of :func:`redlock_task`
+    (``ttl``, ``when_locked``, ``wait_timeout``, ``auto_extend``, ``label``),
+    with the same behaviour. It also works for class-based tasks (set the
+    ``redlock`` attribute and define ``run``). Mistakes are reported when
+    Celery creates the task class, which for ``@shared_task`` and lazy apps is
+    when the app is finalized rather than at import; :func:`redlock_task`
+    reports them at import.
+    """
+
+    #: ``{"key": ..., "ttl": ..., "when_locked": ..., ...}``: see :func:`redlock_task`.
+    redlock: Mapping[str, Any] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_run = cls.__dict__.get("run")
+        if own_run is None:
+            if "redlock" not in cls.__dict__:
+                return  # inherits its parent's body and options as they are
+            own_run = _raw_run(cls)  # new options for an inherited body
+            if own_run is None:
+                return  # an intermediate base class without a body: nothing to lock yet
+        options = cls.redlock
+        if options is None:
+            raise ImproperlyConfigured(
+                f"Task {cls.__name__} uses RedlockTask but sets no redlock={{'key': ...}} option."
+            )
+        if not isinstance(options, Mapping) or "key" not in options:
+            raise ImproperlyConfigured(
+                f"Task {cls.__name__}: redlock must be a dict with at least 'key'; got {options!r}."
+            )
+        unknown = sorted(set(options) - set(OPTION_KEYS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"Task {cls.__name__}: unknown redlock option(s) {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(OPTION_KEYS)}."
+            )
+        is_static = isinstance(own_run, staticmethod)
+        func = own_run.__func__ if is_static else own_run
+        settings = dict(options)
+        wrapped = redlock_task(settings.pop("key"), **settings)(func)
+        cls._redlock_raw_run = own_run
+        cls.run = staticmethod(wrapped) if is_static else wrapped
+
+
+def _raw_run(cls: type) -> Any:
+    """The undecorated body an ancestor locked, or None."""
+    for klass in cls.__mro__[1:]:
+        if "_redlock_raw_run" in klass.__dict__:
+            return klass.__dict__["_redlock_raw_run"]
+    return None

@@ -1,0 +1,453 @@
+"""Celery tasks under a Redlock, run by a real worker on a real Redis broker (and eagerly).
+
+The module starts its own redis-server as broker, result backend and event
+channel (not one of the five lock nodes), then one ``celery worker`` process
+(threads pool, two slots) with the suite's Django settings. Task bodies report
+to the test through ``ev:<tag>`` lists and wait for ``gate:<tag>``; the test
+waits on those events, never on sleeps. See tests/celery_app.py.
+``REDLOCK_TEST_CELERY_POOL=prefork`` runs the same tests on the prefork pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+celery = pytest.importorskip(
+    "celery", minversion="5.3", reason="Celery is not installed (pip install 'django-redlock[celery]')"
+)
+import celery.exceptions  # noqa: E402
+
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+from django_redlock.celery import SKIPPED, RedlockTask, current_lock, redlock_task  # noqa: E402
+from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable  # noqa: E402
+from django_redlock.manager import get_lock_manager  # noqa: E402
+from django_redlock.testing import RedisServer  # noqa: E402
+from tests import celery_app as tasks  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAIT = 30  # seconds any single event may take on a busy machine before the test fails
+
+
+# -- fixtures ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broker():
+    """A redis-server for Celery and the event channel, and the test process's app pointed at it."""
+    server = RedisServer().start()
+    env = {
+        "REDLOCK_TEST_BROKER": f"redis://127.0.0.1:{server.port}/0",
+        "REDLOCK_TEST_RESULTS": f"redis://127.0.0.1:{server.port}/1",
+        "REDLOCK_TEST_EVENTS": f"redis://127.0.0.1:{server.port}/2",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        tasks.app.conf.update(broker_url=env["REDLOCK_TEST_BROKER"], result_backend=env["REDLOCK_TEST_RESULTS"])
+        try:
+            yield env
+        finally:
+            server.stop()
+
+
+class Worker:
+    def __init__(self, process: subprocess.Popen, log: str) -> None:
+        self.process = process
+        self.log = log
+
+    def output(self) -> str:
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+@pytest.fixture(scope="module")
+def worker(broker, redis_servers, tmp_path_factory):
+    """One ``celery worker`` subprocess, ready once a task made the round trip; stopped with SIGTERM."""
+    log = str(tmp_path_factory.mktemp("celery") / "worker.log")
+    env = dict(os.environ, **broker)
+    env.update(DJANGO_SETTINGS_MODULE="tests.settings", REDLOCK_TEST_NODES=",".join(redis_servers.urls))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    command = [
+        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+        f"--pool={os.environ.get('REDLOCK_TEST_CELERY_POOL', 'threads')}", "-c", "2", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--loglevel=INFO", "-n", f"redlock-tests-{os.getpid()}@%h",
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    running = Worker(process, log)
+    try:
+        ping = tasks.ping.delay()  # ready once this round trip is done
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert ping.get(timeout=1) == "pong"
+                break
+            except celery.exceptions.TimeoutError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Celery worker did not answer; its log:\n{running.output()}") from None
+        yield running
+    finally:
+        process.send_signal(signal.SIGTERM)  # warm shutdown: running tasks finish first
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def lock_nodes(redlock_settings, servers):
+    """The five lock nodes, healed and empty, with this process's settings pointing at them."""
+    yield servers
+    assert_nothing_locked()
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def next_event(name: str, timeout: float = WAIT) -> dict:
+    item = tasks.events().blpop([f"ev:{name}"], timeout=timeout)
+    assert item is not None, f"no event from task {name} within {timeout} s"
+    return json.loads(item[1])
+
+
+def expect(name: str, event: str, timeout: float = WAIT) -> dict:
+    got = next_event(name, timeout)
+    assert got["event"] == event, got
+    return got
+
+
+def open_gate(name: str) -> None:
+    tasks.events().rpush(f"gate:{name}", 1)
+
+
+def ran(name: str) -> bool:
+    """True when the task body reported anything (it started)."""
+    return tasks.events().llen(f"ev:{name}") > 0
+
+
+def retries(task_id: str) -> list[dict]:
+    return [json.loads(x) for x in tasks.events().lrange(f"retry:{task_id}", 0, -1)]
+
+
+def next_retry(task_id: str, timeout: float = WAIT) -> dict:
+    item = tasks.events().blpop([f"retry:{task_id}"], timeout=timeout)
+    assert item is not None, f"task {task_id} was not retried within {timeout} s"
+    return json.loads(item[1])
+
+
+def failure(result, exc_type: type) -> BaseException:
+    result.get(timeout=WAIT, propagate=False)
+    assert result.state == "FAILURE", (result.state, result.result)
+    assert isinstance(result.result, exc_type), repr(result.result)
+    return result.result
+
+
+def assert_nothing_locked() -> None:
+    left = [record.resource for record in get_lock_manager().live_locks()]
+    assert left == [], f"locks left behind: {left}"
+
+
+# -- a real worker ---------------------------------------------------------------
+
+
+def test_same_key_runs_one_at_a_time_the_second_is_skipped(worker, lock_nodes):
+    first, second, third = tag(), tag(), tag()
+    a = tasks.skip_job.delay("s", first, hold=True)
+    start = expect(first, "start")
+    assert start["resource"] == "job-s"
+    assert start["label"] == f"celery tests.celery_app.skip_job[{a.id}]"  # what `redlock list` shows
+    b = tasks.skip_job.delay("s", second)
+    assert b.get(timeout=WAIT) == SKIPPED
+    c = tasks.base_job.delay("s", third)  # base=RedlockTask, same key
+    assert c.get(timeout=WAIT) == SKIPPED
+    assert not ran(second) and not ran(third)  # their bodies never ran
+    assert get_lock_manager().is_locked("job-s")
+    open_gate(first)
+    assert a.get(timeout=WAIT) == f"done {first}"
+    expect(first, "end")
+    # Free again: the next call runs.
+    assert tasks.base_job.delay("s", third).get(timeout=WAIT) == f"done {third}"
+
+
+def test_same_key_retry_runs_after_the_first_with_countdown_from_retry_after(worker, lock_nodes):
+    first, second = tag(), tag()
+    a = tasks.retry_job.delay("r", first, hold=True)
+    expect(first, "start")
+    b = tasks.retry_job.delay("r", second)
+    retry = next_retry(b.id)
+    # ttl=2 and the watchdog keeps it extended: Retry-After is at most 2 s, and at least 1.
+    assert 1 <= retry["when"] <= 2, retry
+    assert "LockNotAcquired" in retry["exc"] and "job-r" in retry["exc"]
+    assert not ran(second)
+    open_gate(first)
+    assert a.get(timeout=WAIT) == f"done {first}"
+    assert b.get(timeout=WAIT) == f"done {second}"
+    start = expect(second, "start")
+    assert start["retries"] >= 1
+    assert start["at"] >= retry["at"] + retry["when"] - 0.5  # the countdown was honoured
+
+
+def test_different_keys_run_concurrently(worker, lock_nodes):
+    one, two = tag(), tag()
+    a = tasks.skip_job.delay("k1", one, hold=True)
+    b = tasks.skip_job.delay("k2", two, hold=True)
+    expect(one, "start")
+    expect(two, "start")  # both bodies are running: neither can end before its gate opens
+    manager = get_lock_manager()
+    assert manager.is_locked("job-k1") and manager.is_locked("job-k2")
+    open_gate(one)
+    open_gate(two)
+    assert a.get(timeout=WAIT) == f"done {one}"
+    assert b.get(timeout=WAIT) == f"done {two}"
+
+
+def test_a_lock_lost_while_the_task_runs_fails_it_with_lock_lost(worker, lock_nodes):
+    name = tag()
+    a = tasks.skip_job.delay("lost", name, hold=True)
+    expect(name, "start")
+    manager = get_lock_manager()
+    manager.force_release("job-lost")  # an operator's force release, then someone else takes it
+    thief = manager.acquire("job-lost", ttl=10, blocking=False)
+    try:
+        noticed = expect(name, "noticed-lost")  # the watchdog marked it lost while the body ran
+        assert noticed["reason"]
+        expect(name, "end")
+        error = failure(a, LockLost)  # the body returned normally; the task still failed
+        assert "job-lost" in str(error) and "result is discarded" in str(error)
+        assert thief.owned()  # the task's release did not touch the new holder's key
+    finally:
+        thief.release()
+
+
+def test_nodes_down_fails_the_task_in_every_mode_never_a_skip(worker, lock_nodes):
+    skipped, retried = tag(), tag()
+    for server in lock_nodes[:3]:
+        server.pause()
+    try:
+        s = tasks.skip_job.delay("down", skipped)
+        r = tasks.retry_job.delay("down", retried)
+        assert "nodes answered" in str(failure(s, QuorumUnavailable))
+        failure(r, QuorumUnavailable)
+    finally:
+        for server in lock_nodes[:3]:
+            server.resume()
+    assert not ran(skipped) and not ran(retried)
+    assert retries(r.id) == []  # an outage is not contention: no retry
+    # Back to normal once the nodes answer again.
+    assert tasks.skip_job.delay("down", skipped).get(timeout=WAIT) == f"done {skipped}"
+
+
+def test_the_lock_is_released_when_the_task_raises_or_retries_itself_with_acks_late(worker, lock_nodes):
+    boom, again = tag(), tag()
+    failure(tasks.boom_job.delay("boom", boom), ValueError)
+    expect(boom, "start")
+    assert not get_lock_manager().is_locked("job-boom")
+    # The body calls self.retry() while holding the lock (when_locked="fail"): the retry
+    # finds the lock free only because it was released on the way out.
+    result = tasks.self_retry_job.delay("again", again)
+    assert result.get(timeout=WAIT) == f"done {again}"
+    assert [expect(again, "start")["retries"], expect(again, "end")["event"]] == [0, "end"]
+    assert [expect(again, "start")["retries"], expect(again, "end")["event"]] == [1, "end"]
+
+
+def test_hand_off_a_lock_taken_in_the_request_to_the_task(worker, lock_nodes):
+    name = tag()
+    held = get_lock_manager().acquire("report-7", ttl=10, blocking=False)
+    result = tasks.handoff_job.delay("report-7", held.token, name)
+    assert result.get(timeout=WAIT) == f"done {name}"
+    start = expect(name, "start")
+    assert start["resource"] == "report-7" and 0 < start["validity"] <= 10
+    assert not get_lock_manager().is_locked("report-7")  # the task released it
+
+
+# -- eagerly, in this process ------------------------------------------------------
+
+
+def test_eager_every_mode_against_another_holder(lock_nodes, manager):
+    other = manager.acquire("job-e", ttl=10, blocking=False)  # another client of the nodes
+    name = tag()
+    assert tasks.skip_job.apply(("e", name)).get() == SKIPPED
+    result = tasks.retry_job.apply(("e", name))
+    assert isinstance(result.result, LockNotAcquired) and result.state == "FAILURE"
+    assert len(retries(result.id)) == 10  # max_retries=10, then the contention is the failure
+    assert all(1 <= r["when"] <= 10 for r in retries(result.id))
+    assert isinstance(tasks.fail_job.apply(("e", name)).result, LockNotAcquired)
+    started = time.monotonic()
+    result = tasks.wait_job.apply(("e", name))
+    assert isinstance(result.result, LockNotAcquired)
+    assert 0.2 < time.monotonic() - started < 5  # waited its wait_timeout (0.3 s) in line
+    assert not ran(name)
+    other.release()
+    for task in (tasks.skip_job, tasks.retry_job, tasks.fail_job, tasks.wait_job, tasks.base_job):
+        assert task.apply(("e", name)).get() == f"done {name}"
+
+
+def test_eager_task_always_eager_and_direct_calls(lock_nodes, manager):
+    name = tag()
+    tasks.app.conf.task_always_eager = True
+    try:
+        assert tasks.retry_job.delay("d", name).get() == f"done {name}"
+        other = manager.acquire("job-d", ttl=10, blocking=False)
+        assert tasks.skip_job.delay("d", name).get() == SKIPPED
+        assert tasks.skip_job("d", name) == SKIPPED  # called directly, as a function
+        with pytest.raises(LockNotAcquired):
+            tasks.retry_job("d", name)  # called directly: no retry to schedule, the error itself
+        with pytest.raises(LockNotAcquired):
+            tasks.retry_job.run("d", name)  # the body alone, outside any task
+        other.release()
+        assert tasks.skip_job("d", name) == f"done {name}"
+    finally:
+        tasks.app.conf.task_always_eager = False
+    assert current_lock() is None
+
+
+def test_eager_several_keys_together(lock_nodes, manager):
+    name = tag()
+    assert tasks.transfer_job.apply((1, 2, name)).get() == f"done {name}"
+    assert expect(name, "start")["resource"] == "account-1, account-2"
+    other = manager.acquire("account-2", ttl=10, blocking=False)
+    assert tasks.transfer_job.apply((3, 2, name)).get() == SKIPPED
+    other.release()
+
+
+def test_eager_lost_at_release_and_nodes_down(lock_nodes):
+    name = tag()
+    error = tasks.stolen_job.apply(("stolen", name)).result
+    assert isinstance(error, LockLost) and "job-stolen" in str(error)
+    for server in lock_nodes[:3]:
+        server.pause()
+    try:
+        for task in (tasks.skip_job, tasks.retry_job, tasks.fail_job, tasks.base_job):
+            assert isinstance(task.apply(("down", name)).result, QuorumUnavailable), task.name
+    finally:
+        for server in lock_nodes[:3]:
+            server.resume()
+
+
+def test_eager_autoretry_for_quorum_unavailable_and_retry_on_contention(lock_nodes, manager):
+    name = tag()
+    other = manager.acquire("job-o", ttl=10, blocking=False)
+    result = tasks.outage_job.apply(("o", name))
+    assert isinstance(result.result, LockNotAcquired) and not isinstance(result.result, QuorumUnavailable)
+    # Contention: retried with the holder's Retry-After (about 10 s), not autoretry's countdown.
+    assert [r["when"] >= 9 for r in retries(result.id)] == [True, True]
+    other.release()
+    for server in lock_nodes[:3]:
+        server.pause()
+    try:
+        result = tasks.outage_job.apply(("o", name))
+        assert isinstance(result.result, QuorumUnavailable)
+        assert [r["when"] for r in retries(result.id)] == [1, 1]  # autoretry_for, then the outage fails it
+    finally:
+        for server in lock_nodes[:3]:
+            server.resume()
+    assert not ran(name)
+
+
+def test_retry_from_the_body_releases_first(lock_nodes):
+    name = tag()
+    result = tasks.self_retry_job.apply(("self", name))
+    assert result.get() == f"done {name}"
+    assert [expect(name, "start")["retries"], expect(name, "end")["event"]] == [0, "end"]
+    assert expect(name, "start")["retries"] == 1
+
+
+# -- mistakes are reported early -------------------------------------------------
+
+
+def test_configuration_errors_are_reported_at_decoration():
+    def body(self, customer_id):
+        return customer_id
+
+    with pytest.raises(ImproperlyConfigured, match=r"uses 'customer', which .*body\(\) does not take"):
+        redlock_task("report-{customer}")(body)
+    with pytest.raises(ImproperlyConfigured, match="when_locked must be one of"):
+        redlock_task("report-{customer_id}", when_locked="queue")  # type: ignore[arg-type]
+    with pytest.raises(ImproperlyConfigured, match="needs wait_timeout"):
+        redlock_task("report-{customer_id}", when_locked="wait")
+    with pytest.raises(ImproperlyConfigured, match="only used with when_locked='wait'"):
+        redlock_task("report-{customer_id}", when_locked="skip", wait_timeout=3)
+    with pytest.raises(ValueError):
+        redlock_task("report-{customer_id}", ttl=-1)
+    with pytest.raises(ImproperlyConfigured, match="below @app.task"):
+        redlock_task("job-{name}")(tasks.skip_job)
+
+    async def coroutine(customer_id):
+        return customer_id
+
+    with pytest.raises(ImproperlyConfigured, match="async def"):
+        redlock_task("report-{customer_id}")(coroutine)
+    with pytest.raises(ImproperlyConfigured, match="use named placeholders"):
+        redlock_task("report-{0}")(body)
+
+
+def test_base_class_errors_are_reported_when_the_task_is_created():
+    def body(customer_id):
+        return customer_id
+
+    def create(**options):
+        return tasks.app.task(base=RedlockTask, shared=False, lazy=False, name=f"bad.{tag()}", **options)(body)
+
+    with pytest.raises(ImproperlyConfigured, match="sets no redlock"):
+        create()
+    with pytest.raises(ImproperlyConfigured, match="at least 'key'"):
+        create(redlock={"ttl": 5})
+    with pytest.raises(ImproperlyConfigured, match="unknown redlock option.*'blocking'"):
+        create(redlock={"key": "r-{customer_id}", "blocking": True})
+    with pytest.raises(ImproperlyConfigured, match="does not take"):
+        create(redlock={"key": "r-{customer}"})
+
+
+def test_class_based_tasks_lock_their_own_key(lock_nodes):
+    class Report(RedlockTask):
+        name = f"good.{tag()}"
+        redlock = {"key": "report-{customer_id}", "when_locked": "skip"}
+
+        def run(self, customer_id):
+            return current_lock().resource
+
+    class Weekly(Report):
+        name = f"good.{tag()}"
+        redlock = {"key": "weekly-{customer_id}", "when_locked": "skip"}
+
+    assert Report.run.__wrapped__ is Weekly.run.__wrapped__  # one body, each class its own options
+    report, weekly = tasks.app.register_task(Report()), tasks.app.register_task(Weekly())
+    assert report.apply((5,)).get() == "report-5"
+    assert weekly.apply((5,)).get() == "weekly-5"
+
+
+def test_arguments_are_checked_against_the_task_signature_when_sent():
+    with pytest.raises(TypeError):
+        tasks.skip_job.apply_async(args=("only-a-name",))  # `tag` is missing: refused before sending
+    with pytest.raises(TypeError):
+        tasks.base_job.apply_async(kwargs={"name": "x", "tag": "y", "colour": "red"})
+
+
+def test_the_package_imports_without_celery():
+    code = (
+        "import sys; sys.modules['celery'] = None\n"
+        "import django; django.setup()\n"
+        "import django_redlock, django_redlock.decorators, django_redlock.manager, django_redlock.admin\n"
+        "try:\n"
+        "    import django_redlock.celery\n"
+        "except ImportError as exc:\n"
+        "    print('ImportError:', exc)\n"
+    )
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'django-redlock[celery]'" in out.stdout
