@@ -384,7 +384,7 @@ def _release_after_stream(response: Any, lock: Any, keeper: Any) -> Any:
 def _release_async_lock_sync(lock: Any) -> None:
     from django_redlock.manager import get_lock_manager
 
-    if not lock._exit_reentry() and lock._start_release():
+    if lock._start_release():
         lock._judge_release(get_lock_manager()._release_keys(lock.resources, lock.value, place=lock._place))
 
 

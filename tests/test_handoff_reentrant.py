@@ -175,3 +175,85 @@ async def test_reentry_is_per_asyncio_task_and_async_adopt_works(servers):
         handle = await m.adopt("task", outer.token)
         assert await handle.owned()
     await m.aclose()
+
+
+def test_an_extension_never_shortens_the_keys_another_handle_counts_on(servers):
+    long = LockManager(servers.urls, ttl=20.0, restart_window=0)
+    short = LockManager(servers.urls, ttl=2.0, restart_window=0)
+    lock = long.acquire("shorten")
+    handle = short.adopt("shorten", lock.token)  # extends to 2 s by default
+    handle.extend()
+    assert min(on_nodes_pttl(servers, "shorten")) > 15_000  # still what the first handle counts on
+    assert 1.0 < handle.validity <= 2.0 and lock.validity > 15.0
+    lock.release()
+    long.close()
+    short.close()
+
+
+def on_nodes_pttl(servers, resource):
+    out = []
+    for s in servers:
+        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
+            out.append(c.pttl(f"redlock:lock:{resource}"))
+    return out
+
+
+def test_a_lock_kept_by_a_finished_thread_is_not_entered_by_the_next(mgr):
+    kept = []
+    t = threading.Thread(target=lambda: kept.append(mgr.acquire("left-behind", ttl=20)))
+    t.start()
+    t.join(10)
+    entered = []
+
+    def later():
+        try:
+            entered.append(mgr.acquire("left-behind", reentrant=True, blocking=False))
+        except LockNotAcquired:
+            pass
+
+    for _ in range(20):  # thread ids are reused; the lock must never be handed to a newcomer
+        other = threading.Thread(target=later)
+        other.start()
+        other.join(10)
+    assert entered == [] and kept[0]._depth == 1
+    kept[0].release()
+
+
+def test_adopting_part_of_a_set_is_refused(mgr):
+    lock = mgr.acquire(["part-a", "part-b"])
+    with pytest.raises(ValueError, match="holds 2 resource"):
+        mgr.adopt("part-a", lock.token)
+    assert mgr.adopt(["part-b", "part-a"], lock.token).resources == ("part-a", "part-b")
+    lock.release()
+
+
+def test_a_reentrant_call_still_checks_its_arguments(mgr):
+    with mgr.lock("checked", reentrant=True):
+        with pytest.raises(ValueError, match="ttl"):
+            mgr.acquire("checked", ttl=-5, reentrant=True)
+        with pytest.raises(ValueError, match="label"):
+            mgr.acquire("checked", label=3, reentrant=True)
+
+
+async def test_a_call_cancelled_between_votes_leaves_the_line_at_once(servers):
+    holder = LockManager(servers.urls, restart_window=0)
+    held = holder.acquire("between")
+    m = AsyncLockManager(servers.urls, restart_window=0, retry_delay=1.0, retry_jitter=0.0)
+    for s in servers[:3]:
+        s.pause()  # too few nodes answer: the call sleeps retry_delay between votes
+    task = asyncio.create_task(m.acquire("between", timeout=10))
+    await asyncio.sleep(0.3)  # its first vote is over (node_timeout 50 ms); it sleeps until t=1.05 s
+    reachable = [redis.Redis.from_url(s.url, socket_timeout=2) for s in servers[3:]]
+    assert all(c.zcard("redlock:places:between") == 1 for c in reachable)  # its place from the vote
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = asyncio.get_running_loop().time() + 0.3
+    while any(c.zcard("redlock:places:between") for c in reachable):
+        # Without the release on cancellation the place would stay until it expires (~1 s after the vote).
+        assert asyncio.get_running_loop().time() < deadline, "the cancelled call is still in line"
+        await asyncio.sleep(0.01)
+    servers.heal()
+    held.release()
+    holder.close()
+    await m.aclose()

@@ -312,9 +312,10 @@ class AsyncLock(LockBase):
 
     async def release(self) -> bool:
         """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""
-        if self._exit_reentry():
+        started = self._start_release()
+        if started is None:
             return True
-        if not self._start_release():
+        if not started:
             return False
         self.manager._forget(self)
         results = await self.manager._release_keys(self.resources, self.value, place=self._place)

@@ -6,6 +6,7 @@ same replies with these functions, so they cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import secrets
@@ -463,6 +464,8 @@ class Adoption:
         self.config = config
         self.value: str | None = None
         self.holder: Holder | None = None
+        #: How many resources the token's lock holds, when that is not what was asked for.
+        self.whole_set: int | None = None
 
     def command(self) -> tuple[Any, ...]:
         return script_command(INSPECT, self.keys, self.config.line_keys("")[::2])
@@ -478,6 +481,9 @@ class Adoption:
         holder = self.holder if self.value is not None and first == self.value.encode() else Holder.decode(first)
         if holder is None or holder.token != self.token:
             return None
+        if holder.members != len(self.keys):
+            self.whole_set = holder.members
+            return None
         if self.value is None:
             self.holder, self.value = holder, first.decode("utf-8", "replace") if isinstance(first, bytes) else first
         return min(int(t) for t in ttls) / 1000.0
@@ -485,6 +491,11 @@ class Adoption:
     def judge(self, nodes: Sequence[Any], replies: Sequence[Any], quorum: int) -> float:
         """Seconds the lock stays held, counted from before the read; raises when a quorum does not hold it."""
         kept = sorted((k for k in map(self.kept, replies) if k is not None), reverse=True)
+        if self.whole_set is not None:
+            raise ValueError(
+                f"The lock with this token holds {self.whole_set} resource(s), not the {len(self.keys)} named "
+                f"({self.resource!r}): adopt exactly the resources it was acquired on (lock.resources)."
+            )
         if len(kept) >= quorum:
             return kept[quorum - 1] - self.config.drift(kept[quorum - 1])
         total = len(nodes)
@@ -727,8 +738,11 @@ class Attempts:
     def _new_holder(self) -> None:
         # Every attempt sets its own value: a late release of an earlier attempt
         # (bytes delivered after a connection was given up) can never match it.
-        self.holder = self.config.make_holder(self.label)
-        self.value = self.holder.encode()
+        holder = self.config.make_holder(self.label)
+        if len(self.resources) > 1:  # a hand-off can tell it was given the whole set
+            holder = dataclasses.replace(holder, members=len(self.resources))
+        self.holder = holder
+        self.value = holder.encode()
 
     @property
     def script(self) -> Script | None:

@@ -21,16 +21,25 @@ if TYPE_CHECKING:
 __all__ = ["HeldLocks", "Lock", "LockBase", "caller"]
 
 
-def caller() -> tuple[int, str]:
-    """Who is calling: the running asyncio task, else the thread (an id and a name for messages)."""
+def caller() -> tuple[Any, str]:
+    """Who is calling: the running asyncio task, else the thread (the object and a name for messages).
+
+    Locks keep a weak reference to it, never an id: ids of finished threads and
+    tasks are reused, and a lock must never be entered by whoever comes next.
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running event loop in this thread
         task = None
     if task is not None:
-        return id(task), f"asyncio task {task.get_name()!r}"
+        return task, f"asyncio task {task.get_name()!r}"
     thread = threading.current_thread()
-    return threading.get_ident(), f"thread {thread.name!r}"
+    return thread, f"thread {thread.name!r}"
+
+
+def _owned_by(lock: LockBase, me: Any) -> bool:
+    owner = lock._owner()
+    return owner is me and (not isinstance(owner, threading.Thread) or owner.is_alive())
 
 
 class HeldLocks:
@@ -69,14 +78,18 @@ class HeldLocks:
         if not reentrant:
             return None
         me, name = caller()
-        mine = [lock for lock in self.overlapping(resources) if lock._owner == me]
+        mine = [lock for lock in self.overlapping(resources) if _owned_by(lock, me)]
         if not mine:
             return None
+        covering = [lock for lock in mine if set(resources) <= set(lock.resources)]
+        for lock in covering:
+            with lock._state:  # entered only while still held: a release may have just begun
+                if not (lock.released or lock.lost) and lock.validity > 0:
+                    lock._depth += 1
+                    return lock
+        if covering:
+            return None  # released meanwhile: acquire it as anyone would
         lock = mine[0]
-        if set(resources) <= set(lock.resources):
-            with lock._state:
-                lock._depth += 1
-            return lock
         wanted = base.name_of(resources)
         raise LockNotAcquired(
             f"Could not lock {wanted!r}: this very {name} holds {lock.resource!r}, which covers only part of it, and would "
@@ -93,7 +106,7 @@ class HeldLocks:
         if not held:
             return ""
         me, name = caller()
-        mine = [lock for lock in held if lock._owner == me]
+        mine = [lock for lock in held if _owned_by(lock, me)]
         if mine:
             lock = mine[0]
             return (
@@ -150,7 +163,8 @@ class LockBase:
         self._clock: Callable[[], float] = manager.config.clock
         self._acquired_at = started
         # Who acquired it, and how many times it was entered (reentrant=True); see HeldLocks.
-        self._owner, self._owner_name = caller()
+        owner, self._owner_name = caller()
+        self._owner = weakref.ref(owner)
         self._depth = 1
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
@@ -321,26 +335,24 @@ class LockBase:
         base.call_hook(self.manager.config.hooks, "released", self)
         return deleted >= self.manager.quorum
 
-    def _exit_reentry(self) -> bool:
-        """Leave one inner entry of a re-entered lock; True when an outer entry still holds it."""
-        with self._state:
-            if self._depth > 1 and not self.released:
-                self._depth -= 1
-                return True
-        return False
+    def _start_release(self) -> bool | None:
+        """Leave one entry: None when an outer entry (``reentrant=True``) still holds the lock; else
+        mark it released and return True, or False when it already was (or in a forked child).
 
-    def _start_release(self) -> bool:
-        """Mark released; return False when it already was (or in a forked child).
-
-        Flag an expired lock as lost. From here on the watchdog no longer reports losses.
+        Both happen in one critical section with :meth:`HeldLocks.enter`'s check, so nobody
+        enters a lock that is being released. Flags an expired lock as lost. From here on the
+        watchdog no longer reports losses.
         """
         if self._forked():
             return False
-        self._lost_listener = None
         with self._state:
             if self.released:
                 return False
+            if self._depth > 1:
+                self._depth -= 1
+                return None
             self.released = True
+        self._lost_listener = None
         self.manager._held.discard(self)
         if not self.lost and self._deadline <= self._clock():
             self._mark_lost("it expired before it was released")
@@ -361,7 +373,10 @@ class Lock(LockBase):
     manager: LockManager
 
     def extend(self, ttl: float | None = None) -> None:
-        """Reset the keys' ttl to ``ttl`` (default: the current ttl) on a quorum.
+        """Make the keys live ``ttl`` more seconds (default: the current ttl) on a quorum.
+
+        A key that already lives longer is left as it is: another handle on
+        the same lock (:meth:`LockManager.adopt`) may count on that.
 
         The extension counts only if a quorum of nodes still held this holder's
         key and agreed before the current validity ran out. Raises
@@ -387,9 +402,10 @@ class Lock(LockBase):
         A lock entered again with ``reentrant=True`` is released by its
         outermost release; the inner ones return True and keep it.
         """
-        if self._exit_reentry():
+        started = self._start_release()
+        if started is None:
             return True
-        if not self._start_release():
+        if not started:
             return False
         self.manager._forget(self)
         results = self.manager._release_keys(self.resources, self.value, place=self._place)

@@ -85,6 +85,9 @@ class ManagerBase:
         """The caller's own lock re-entered, or the step that acquires ``resource``."""
         resources = base.check_resources(resource)
         base.check_wait(blocking, timeout)
+        self.config.lock_ttl(ttl, self.config.ttl)
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
         held = self._held.enter(resources, base.check_flag(reentrant, "reentrant"))
         if held is not None:
             return held, None

@@ -22,11 +22,14 @@ class Holder:
     pid: int | None = None
     label: str | None = None
     acquired_at: float | None = None  # unix time, for display only
+    members: int = 1  # how many resources the lock holds (all with this value)
 
     def encode(self) -> str:
-        data = {"t": self.token, "h": self.host, "p": self.pid, "a": self.acquired_at}
+        data: dict[str, object] = {"t": self.token, "h": self.host, "p": self.pid, "a": self.acquired_at}
         if self.label is not None:
             data["l"] = self.label
+        if self.members > 1:
+            data["n"] = self.members
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
@@ -66,6 +69,7 @@ class Holder:
             pid if isinstance(pid, int) else None,
             label if isinstance(label, str) else None,
             float(acquired) if isinstance(acquired, (int, float)) else None,
+            members if isinstance(members := data.get("n"), int) and members > 1 else 1,
         )
 
     def __str__(self) -> str:

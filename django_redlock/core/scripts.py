@@ -180,8 +180,9 @@ return released
 )
 
 # KEYS the lock keys (one per resource); ARGV[1] holder value; ARGV[2] new ttl in milliseconds.
-# Reset the ttls only if every key still holds our value; an expired key is not recreated.
-# Replies 1 (extended) or 0.
+# Only if every key still holds our value, make each live at least ARGV[2] more ms: never
+# shorter than it already does (another handle on the same value may count on that);
+# an expired key is not recreated. Replies 1 (extended) or 0.
 EXTEND = Script(
     "extend",
     """
@@ -190,8 +191,11 @@ for i = 1, #KEYS do
         return 0
     end
 end
+local ttl = tonumber(ARGV[2])
 for i = 1, #KEYS do
-    redis.call('pexpire', KEYS[i], ARGV[2])
+    if redis.call('pttl', KEYS[i]) < ttl then
+        redis.call('pexpire', KEYS[i], ttl)
+    end
 end
 return 1
 """,

@@ -158,29 +158,30 @@ def acquire(
             )
             if plan.won(results, started, quorum, (yield NOW)):
                 return plan
+            pause = plan.next_vote(quorum, (yield NOW))
+            # Release where this attempt's value may be set (the nodes that did not refuse for sure);
+            # a call that gives up also leaves the line everywhere. One that goes on waiting keeps its
+            # place: a node that granted this attempt took the place out of its line.
+            leaving = pause is None and plan.mode != "once"
+            unsure = plan.unsure()
+            if leaving:
+                yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan))
+            elif any(unsure):
+                place = _place(plan)
+                keep = (plan.ticket, plan.life) if place else None
+                yield release_fan(config, total, plan.resources, plan.value, plan.ttl, place, unsure, keep)
+            if pause is None:
+                break
+            plan.renew()
+            if pause > 0:
+                yield Sleep(pause)
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
-            # Interrupted (a signal, a cancellation): release what may have been set, leave the line.
+            # Interrupted (a signal, a cancellation), during a vote, a release or the pause between
+            # votes: release what may have been set, and leave the line.
             yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
             raise
-        pause = plan.next_vote(quorum, (yield NOW))
-        # Release where this attempt's value may be set (the nodes that did not refuse for sure);
-        # a call that gives up also leaves the line everywhere. One that goes on waiting keeps its
-        # place: a node that granted this attempt took the place out of its line.
-        leaving = pause is None and plan.mode != "once"
-        unsure = plan.unsure()
-        if leaving:
-            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan))
-        elif any(unsure):
-            place = _place(plan)
-            keep = (plan.ticket, plan.life) if place else None
-            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, place, unsure, keep)
-        if pause is None:
-            break
-        plan.renew()
-        if pause > 0:
-            yield Sleep(pause)
     command, script = plan.ttl_command()
     ttls = yield Fan([command] * total, script=script, allow_lagging=False)
     error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "")
@@ -197,6 +198,7 @@ def adopt(config: base.ManagerConfig, quorum: int, names: Sequence[str], resourc
         [adoption.command()] * total,
         done=base.until_outcome(quorum, total, lambda r: adoption.kept(r) is not None),
         script=INSPECT,
+        restart_window=config.restart_window,  # a node that may have forgotten keys does not vouch
     )
     return adoption, started, adoption.judge(names, replies, quorum)
 

@@ -799,7 +799,8 @@ class SimNode:
             if entry is None or entry[0] != argv[0]:
                 return 0
         for key in keys:
-            self._pexpire([key, argv[1]])
+            if self._pttl([key]) < _int(argv[1]):  # never shorter than it already lives
+                self._pexpire([key, argv[1]])
         return 1
 
     def _fence_raise(self, keys: list[bytes], argv: list[bytes]) -> int:

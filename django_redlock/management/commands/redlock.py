@@ -88,7 +88,7 @@ class Command(BaseCommand):
             self.stdout.write(f"No node {which}held a lock on {resource!r}.")
         for name, why in done.unreachable.items():
             self.stderr.write(
-                self.style.WARNING(f"Node {name} did not answer ({why}); a key there expires with its ttl.")
+                self.style.WARNING(f"Node {name} could not release it ({why}); a key there expires with its ttl.")
             )
         if len(done.unreachable) >= manager.quorum:
             raise CommandError(
