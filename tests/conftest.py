@@ -16,9 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from django_redlock.core import LockManager
 from django_redlock.testing import RedisServers, find_redis_server
+
+
+def on_nodes(servers, command, resource):
+    """``command`` ("get", "pttl") of ``resource``'s lock key, on each node."""
+    out = []
+    for s in servers:
+        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
+            out.append(getattr(c, command)(f"redlock:lock:{resource}"))
+    return out
 
 
 @pytest.fixture(scope="session")

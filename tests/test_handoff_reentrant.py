@@ -11,14 +11,11 @@ import redis
 
 from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+from tests.conftest import on_nodes
 
 
 def stored(servers, resource):
-    out = []
-    for s in servers:
-        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
-            out.append(c.get(f"redlock:lock:{resource}"))
-    return out
+    return on_nodes(servers, "get", resource)
 
 
 def take_over(urls, resource, token, fencing_token, queue):
@@ -183,19 +180,11 @@ def test_an_extension_never_shortens_the_keys_another_handle_counts_on(servers):
     lock = long.acquire("shorten")
     handle = short.adopt("shorten", lock.token)  # extends to 2 s by default
     handle.extend()
-    assert min(on_nodes_pttl(servers, "shorten")) > 15_000  # still what the first handle counts on
+    assert min(on_nodes(servers, "pttl", "shorten")) > 15_000  # still what the first handle counts on
     assert 1.0 < handle.validity <= 2.0 and lock.validity > 15.0
     lock.release()
     long.close()
     short.close()
-
-
-def on_nodes_pttl(servers, resource):
-    out = []
-    for s in servers:
-        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
-            out.append(c.pttl(f"redlock:lock:{resource}"))
-    return out
 
 
 def test_a_lock_kept_by_a_finished_thread_is_not_entered_by_the_next(mgr):

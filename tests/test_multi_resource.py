@@ -18,15 +18,7 @@ import redis
 from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.core.base import MAX_RESOURCES, WAIT_SLICE
 from django_redlock.exceptions import LockLost, LockNotAcquired
-
-
-def on_nodes(servers, command, resource):
-    """``command`` ("get", "pttl") of ``resource``'s lock key, on each node."""
-    out = []
-    for s in servers:
-        with redis.Redis.from_url(s.url, socket_timeout=2) as c:
-            out.append(getattr(c, command)(f"redlock:lock:{resource}"))
-    return out
+from tests.conftest import on_nodes
 
 
 def values(servers, resource):
