@@ -9,7 +9,7 @@ must pass every case; the mutant named in each case must fail it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_redlock.core import steps
@@ -46,8 +46,8 @@ class _Tap:
         return effect
 
 
-def _acquire(client: SimClient, resource: str, then: Callable[[LockBase | None], None], *, blocking: bool = False,
-             timeout: float | None = None) -> None:
+def _acquire(client: SimClient, resource: str | Sequence[str], then: Callable[[LockBase | None], None], *,
+             blocking: bool = False, timeout: float | None = None) -> None:
     client.acquire(resource, lambda lock, error: then(lock), blocking=blocking, timeout=timeout)
 
 
@@ -315,6 +315,61 @@ def release_after_the_lock_expired(seed: int) -> Sim:
     return sim
 
 
+def fencing_a_lock_on_several_resources(seed: int) -> Sim:
+    """A, whose wall clock is ahead, fences a lock on r1; then B, whose wall clock is behind, fences
+    a lock on r0 and r1: B's token must pass r1's counter, not only r0's (and B's wall clock)."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, wall_offset=0.8)
+    b = SimClient(sim, "b", ttl=TTL, wall_offset=-0.8)
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        _fence(a, lock, lambda token: _release(a, lock, b_start))
+
+    def b_start() -> None:
+        _acquire(b, ("r0", "r1"), b_acquired)
+
+    def b_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "b must get the free locks in a quiet world"
+        _fence(b, lock, lambda token: _release(b, lock))
+
+    sim.world.at(START, _acquire, a, "r1", a_acquired)
+    sim.world.run_until(START + 2)
+    return sim
+
+
+def member_force_released_under_a_lock(seed: int) -> Sim:
+    """A holds r0 and r1; an operator force-releases r1 (its key is deleted on every node); A's next
+    extension must fail: on no node does A keep every member any more."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    world = sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        world.after(0.1, force_release, "r1")
+        world.after(0.2, extend, lock)
+
+    def force_release(resource: str) -> None:  # as the manager's force_release does it
+        for node in sim.nodes:
+            node.execute(("DEL", a.config.key(resource)))
+            node.execute(("EVAL", RELEASE.source, *a.config.release_command((resource,), "")[2:]))
+
+    def extend(lock: LockBase) -> None:
+        def extended(_: Any, error: BaseException | None) -> None:
+            if error is None:
+                sim.checker.extended(a.proc, lock.resources, lock.value, lock.validity, deadline_local=lock._deadline)
+            elif not isinstance(error, LockError):
+                raise error
+            _release(a, lock)
+
+        a.run(steps.extend(lock, None, True, a.quorum, a.total), extended)
+
+    world.at(START, _acquire, a, ("r0", "r1"), a_acquired)
+    world.run_until(START + 2)
+    return sim
+
+
 #: case name -> (function, the mutants it is built to catch)
 CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
@@ -333,6 +388,10 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
     "waiter woken over a slow network": (waiter_woken_over_a_slow_network, ("wait vote's validity from the wake-up",)),
     "release after the lock expired": (release_after_the_lock_expired, ("release without comparing the value",)),
+    "fencing a lock on several resources": (
+        fencing_a_lock_on_several_resources, ("fencing token from the first member's counter",),
+    ),
+    "member force-released under a lock": (member_force_released_under_a_lock, ("extend checks the first member",)),
 }
 
 

@@ -154,6 +154,64 @@ def release_wakes_nobody() -> Any:
     return _patch(SimNode, "_release", release)
 
 
+def acquire_takes_the_free_members() -> Any:
+    """ACQUIRE on several resources sets the members that are free even when another member is held
+    (it replies HELD): not all or nothing on a node."""
+    real = SimNode._acquire
+
+    def acquire(self: Any, keys: list[bytes], argv: list[bytes]) -> Any:
+        reply = real(self, keys, argv)
+        if reply == 0:  # HELD
+            for lock in keys[::3]:
+                if self._exists([lock]) == 0:
+                    self._set([lock, argv[0], "PX", argv[1]])
+        return reply
+
+    return _patch(SimNode, "_acquire", acquire)
+
+
+def release_deletes_the_first_member() -> Any:
+    """RELEASE of a lock on several resources deletes the first member's key only (the others stay
+    until they expire); it still leaves the lines and wakes where a lock is free."""
+
+    def release(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
+        released = 1
+        for r, i in enumerate(range(0, len(keys), 3)):
+            if self._get([keys[i]]) == argv[0]:
+                if i == 0:
+                    self._del([keys[i]])
+            else:
+                released = 0
+            self._leave_and_wake(keys[i : i + 3], argv[1], argv[4 + r], argv[2], argv[3])
+        return released
+
+    return _patch(SimNode, "_release", release)
+
+
+def extend_checks_the_first_member() -> Any:
+    """EXTEND of a lock on several resources checks the first member's key only, then extends them all."""
+
+    def extend(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
+        entry = self._live(keys[0])
+        if entry is None or entry[0] != argv[0]:
+            return 0
+        for key in keys:
+            self._pexpire([key, argv[1]])
+        return 1
+
+    return _patch(SimNode, "_extend", extend)
+
+
+def fence_from_the_first_member() -> Any:
+    """The fencing read of a lock on several resources (MGET) counts the first member's counter only."""
+    real = base.fence_value
+
+    def first(reply: Any) -> int | None:
+        return real(reply[0] if isinstance(reply, list) and reply else reply)
+
+    return _patch(base, "fence_value", first)
+
+
 def fence_below_quorum() -> Any:
     """A fencing token accepted once a single node stores it."""
     real = base.check_fence_written
@@ -192,6 +250,18 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     # Mostly non-blocking callers: a free lock with someone first in line is common.
     "acquire ignores the line": (acquire_ignores_the_line, {"scenario": contend, "once": 0.8}),
     "release wakes nobody": (release_wakes_nobody, {"scenario": contend}),
+    # Only a lock on several resources can tell these from the correct core.
+    # Liveness: the contention run with overlapping sets of resources checks (g).
+    "acquire takes the free members of a held set": (
+        acquire_takes_the_free_members, {"scenario": contend, "resources": ("r0", "r1", "r2"), "multi": 0.5},
+    ),
+    "release deletes the first member only": (
+        release_deletes_the_first_member, {"scenario": contend, "resources": ("r0", "r1", "r2"), "multi": 0.5},
+    ),
+    # Needs a member's key gone under a live lock: an operator's force release (a scripted case).
+    "extend checks the first member": (extend_checks_the_first_member, {}),
+    # Wall clocks disagree by more than a fencing round: a token floored at a slow wall clock is low.
+    "fencing token from the first member's counter": (fence_from_the_first_member, {"wall_skew": 0.45}),
 }
 
 

@@ -326,7 +326,9 @@ class Network:
         prev = now
         for msg in pipe.queue:
             if msg.at <= now:
-                msg.at = max(prev, now + self._delay()[0])
+                delay, late = self._delay()
+                msg.at = max(prev, now + delay)
+                msg.late = msg.late or late  # late bytes disturb their client's keys, as in _enqueue
             elif msg.at < prev:
                 msg.at = prev
             prev = msg.at
