@@ -54,3 +54,10 @@ def test_node_urls_parse_or_fail_clearly_without_leaking(url, secret):
 def test_nodes_must_be_a_list(bad):
     with pytest.raises(ValueError, match="nodes"):
         parse_nodes(bad, 0.05)
+
+
+def test_a_url_option_redis_py_refuses_names_the_entry():
+    """Found by the property above: 'redis://0?=0' passes a keyword named '' to redis-py."""
+    with pytest.raises(ValueError, match=r"^nodes\[0\]: node .*invalid connection options") as info:
+        parse_nodes(["redis://:s3cret-value@0?=0"], 0.05)
+    assert "s3cret-value" not in str(info.value)

@@ -604,7 +604,10 @@ def _node_from_url(
     kwargs = pool.connection_kwargs
     if "password" not in options and urlsplit(url).password:
         kwargs["password"] = unquote(urlsplit(url).password or "")
-    return Node(pool.connection_class, kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
+    try:
+        return Node(pool.connection_class, kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
+    except ValueError as exc:  # options redis-py refuses (already redacted): say which entry
+        raise ValueError(f"{where}: {exc}") from None
 
 
 # -- the fan-out -----------------------------------------------------------
