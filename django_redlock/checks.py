@@ -92,12 +92,6 @@ class Hints:
     SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
 
 
-def _nodes() -> list[Any]:
-    from django_redlock.core.nodes import parse_nodes
-
-    return parse_nodes(conf.get_nodes(), 0.05, "REDLOCK_NODES")
-
-
 def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
     """Settings under which clients of the same nodes could disagree about the longest ttl."""
     limit = config["MAX_TTL"]
@@ -189,9 +183,8 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """
     from django_redlock.core.nodes import Failure, fanout, parse_info
 
-    try:
-        nodes = _nodes()
-    except (ImproperlyConfigured, ValueError):
+    nodes, bad = _node_errors()
+    if bad:
         return []  # reported by check_settings
     errors: list[Any] = []
     infos = fanout(nodes, [("INFO", "server")] * len(nodes), timeout=1.0)

@@ -46,19 +46,21 @@ def in_line(servers, resource, count):
     wait_for(lambda: all(n >= count for n in places(servers, resource)), what=f"{count} in line")
 
 
-def waiting_thread(mgr, servers, resource, timeout):
-    """A thread whose acquire() waits in line for ``resource`` (returned once it is in line everywhere);
-    ``got["at"]`` is when it got the lock (it releases at once)."""
+def waiting_thread(mgr, servers, resource, timeout, *, release=True, place=1):
+    """A thread whose acquire() waits in line for ``resource``, returned once ``place`` calls are in
+    line everywhere; ``got["lock"]`` is its lock and ``got["at"]`` when it got it (with ``release``,
+    it releases the lock at once)."""
     got = {}
 
     def waiter():
-        lock = mgr.acquire(resource, timeout=timeout)
+        got["lock"] = mgr.acquire(resource, timeout=timeout)
         got["at"] = time.monotonic()
-        lock.release()
+        if release:
+            got["lock"].release()
 
     t = threading.Thread(target=waiter)
     t.start()
-    in_line(servers, resource, 1)
+    in_line(servers, resource, place)
     time.sleep(0.05)  # the waiter is now blocked in its wait (its first vote was refused)
     return t, got
 
@@ -96,15 +98,7 @@ def test_waiters_are_granted_in_the_order_they_came(mgr, servers):
 
 def test_a_non_blocking_call_takes_a_free_lock_and_the_waiter_stays_first(mgr, servers):
     holder = mgr.acquire("queue-jump", ttl=10)
-    got = {}
-
-    def waiter():
-        got["lock"] = mgr.acquire("queue-jump", timeout=5)
-        got["at"] = time.monotonic()
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    in_line(servers, "queue-jump", 1)
+    t, got = waiting_thread(mgr, servers, "queue-jump", 5, release=False)
     # The key goes away without a release (nobody is woken): the lock is free, the waiter asleep.
     for s in servers:
         client(s).delete(mgr.key("queue-jump"))
@@ -147,15 +141,7 @@ def test_a_dead_waiter_holds_up_the_line_only_until_its_place_expires(mgr, serve
         in_line(servers, "dead-waiter", 1)
         os.kill(child.pid, signal.SIGKILL)
         child.join(5)
-        got = {}
-
-        def waiter():
-            got["lock"] = mgr.acquire("dead-waiter", timeout=10)
-            got["at"] = time.monotonic()
-
-        t = threading.Thread(target=waiter)
-        t.start()
-        in_line(servers, "dead-waiter", 2)
+        t, got = waiting_thread(mgr, servers, "dead-waiter", 10, release=False, place=2)
         released_at = time.monotonic()
         holder.release()  # wakes the dead child, first in line: nobody answers
         t.join(10)

@@ -157,6 +157,12 @@ def check_wait(blocking: Any, timeout: Any) -> float | None:
     return seconds
 
 
+def check_label(label: Any) -> str | None:
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
+    return label
+
+
 def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
     if ttl is None:
         return default
@@ -218,9 +224,7 @@ class ManagerConfig:
             raise ValueError(f"key_prefix must be a string; got {type(key_prefix).__name__}.")
         self.key_prefix = key_prefix
         self.max_extensions = check_count(max_extensions, "max_extensions", allow_none=True)
-        if label is not None and not isinstance(label, str):
-            raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
-        self.label = label
+        self.label = check_label(label)
         if hooks is not None and not isinstance(hooks, Hooks):
             raise ValueError("hooks must be an instance of django_redlock.core.Hooks.")
         self.hooks = hooks
@@ -239,6 +243,11 @@ class ManagerConfig:
 
     def wake_prefix(self, resource: str) -> str:
         return f"{self.key_prefix}wake:{resource}:"
+
+    def inspect_command(self, keys: Sequence[str]) -> tuple[Any, ...]:
+        """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""
+        lock_head, _, places_head = self.line_keys("")  # the script names each line from these heads
+        return script_command(INSPECT, keys, (lock_head, places_head))
 
     def release_command(
         self, resources: Sequence[str], value: str, place: str = "", keep: tuple[int, int] | None = None
@@ -468,7 +477,7 @@ class Adoption:
         self.whole_set: int | None = None
 
     def command(self) -> tuple[Any, ...]:
-        return script_command(INSPECT, self.keys, self.config.line_keys("")[::2])
+        return self.config.inspect_command(self.keys)
 
     def kept(self, reply: Any) -> float | None:
         """Seconds this node keeps the token's value on every key; None when it does not store it."""
@@ -614,9 +623,6 @@ class Scan:
         self.found: dict[str, dict[str, NodeEntry]] = {}
         self.page_keys: list[list[str]] = []
         self.holders: dict[bytes, Holder] = {}
-        # INSPECT names each resource's places zset from these heads.
-        lock_head, _, places_head = config.line_keys("")
-        self.heads = (lock_head, places_head)
 
     @property
     def running(self) -> bool:
@@ -639,7 +645,7 @@ class Scan:
                     self.cursors[i] = int(cursor) or None
                     keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
             self.page_keys.append(keys)
-            inspect.append(script_command(INSPECT, keys, self.heads) if keys else None)
+            inspect.append(self.config.inspect_command(keys) if keys else None)
         return inspect
 
     def take(self, inspect: Sequence[Any], replies: Sequence[Any]) -> None:
@@ -707,7 +713,7 @@ class Attempts:
         self.ttl = config.lock_ttl(ttl, config.ttl)
         self.timeout = check_wait(blocking, timeout)
         self.blocking = blocking
-        self.label = label if label is not None else config.label
+        self.label = check_label(label) if label is not None else config.label
         self.keys = tuple(config.key(r) for r in self.resources)
         self.key = self.keys[0]
         self.line = config.script_keys(self.resources)
@@ -731,6 +737,8 @@ class Attempts:
         self.wake = tuple(config.wake_prefix(r) + self.place for r in self.resources)
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0
+        #: How long the last vote kept the place in line (node ms); its failed attempt's release keeps it as long.
+        self.life = 0
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
@@ -758,7 +766,6 @@ class Attempts:
         """
         if self.script is None:
             return set_command(self.key, self.value, self.ttl)
-        #: How long this vote keeps the place in line (node ms); a failed vote's release keeps it as long.
         self.life = life = ms(self.slice + PLACE_MARGIN)
         args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake)
         return script_command(ACQUIRE, self.line, args)
@@ -767,7 +774,7 @@ class Attempts:
         """What to ask each node after giving up, for :meth:`retry_after` (and the script it runs)."""
         if len(self.keys) == 1:
             return ("PTTL", self.key), None
-        return script_command(INSPECT, self.keys, self.config.line_keys("")[::2]), INSPECT
+        return self.config.inspect_command(self.keys), INSPECT
 
     def retry_after(self, replies: Sequence[Any], quorum: int) -> float | None:
         """Seconds until every resource may be free, from the replies to :meth:`ttl_command`."""

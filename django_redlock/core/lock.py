@@ -69,14 +69,12 @@ class HeldLocks:
             held = list(self._locks)
         return [lock for lock in held if lock.locked() and not wanted.isdisjoint(lock.resources)]
 
-    def enter(self, resources: tuple[str, ...], reentrant: bool) -> LockBase | None:
-        """With ``reentrant``, the caller's own lock on ``resources``, entered once more; else None.
+    def enter(self, resources: tuple[str, ...]) -> LockBase | None:
+        """The caller's own lock on ``resources``, entered once more (``reentrant=True``); else None.
 
         Raises :class:`~django_redlock.exceptions.LockNotAcquired` when the
         caller holds only part of the set: it would wait for itself.
         """
-        if not reentrant:
-            return None
         me, name = caller()
         mine = [lock for lock in self.overlapping(resources) if _owned_by(lock, me)]
         if not mine:
@@ -216,7 +214,7 @@ class LockBase:
         return reply == self.value.encode() or reply == self.value
 
     def _read_command(self) -> tuple[Any, ...]:
-        return ("GET", self.key) if len(self.keys) == 1 else ("MGET", *self.keys)
+        return ("MGET", *self.keys)
 
     def _gone_from_quorum(self, gone: int) -> bool:
         """True when ``gone`` nodes answering "not ours" leave too few to make a quorum."""

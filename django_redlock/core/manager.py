@@ -84,13 +84,14 @@ class ManagerBase:
     ) -> tuple[Any, steps.Step | None]:
         """The caller's own lock re-entered, or the step that acquires ``resource``."""
         resources = base.check_resources(resource)
-        base.check_wait(blocking, timeout)
-        self.config.lock_ttl(ttl, self.config.ttl)
-        if label is not None and not isinstance(label, str):
-            raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
-        held = self._held.enter(resources, base.check_flag(reentrant, "reentrant"))
-        if held is not None:
-            return held, None
+        if base.check_flag(reentrant, "reentrant"):
+            # Entering returns before the step would check the rest: check it here (only here).
+            base.check_wait(blocking, timeout)
+            self.config.lock_ttl(ttl, self.config.ttl)
+            base.check_label(label)
+            held = self._held.enter(resources)
+            if held is not None:
+                return held, None
         note = functools.partial(self._held.note, resources)
         return None, steps.acquire(self.config, self.quorum, self.nodes, resources, ttl, blocking, timeout, label, note)
 

@@ -230,7 +230,7 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
     fence_keys = [config.fence_key(resource) for resource in lock.resources]
     window = config.restart_window
     reads = yield Fan(
-        [("GET", *fence_keys) if len(fence_keys) == 1 else ("MGET", *fence_keys)] * total,
+        [("MGET", *fence_keys)] * total,
         done=base.until_outcome(quorum, total, lambda r: True),
         restart_window=window,
     )
