@@ -7,7 +7,9 @@ same replies with these functions, so they cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 import random
 import secrets
 import time
@@ -84,15 +86,20 @@ def check_resource(resource: Any) -> str:
         raise ValueError("resource must be a non-empty string.")
     if len(resource) > MAX_RESOURCE_LENGTH:
         raise ValueError(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in resource):
+    if _CONTROL.search(resource):
         raise ValueError("resource must not contain control characters.")
     return resource
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def check_resources(resources: Any) -> tuple[str, ...]:
     """One resource (a string) or several (an iterable of strings): sorted, each once."""
     if isinstance(resources, str):
         return (check_resource(resources),)
+    if type(resources) is tuple and len(resources) == 1:
+        return (check_resource(resources[0]),)
     if isinstance(resources, (bytes, bytearray)) or not hasattr(resources, "__iter__"):
         raise ValueError(
             f"resource must be a non-empty string, or a list of them to lock several at once; "
@@ -716,7 +723,6 @@ class Attempts:
         self.label = check_label(label) if label is not None else config.label
         self.keys = tuple(config.key(r) for r in self.resources)
         self.key = self.keys[0]
-        self.line = config.script_keys(self.resources)
         self.window = config.restart_window
         self._new_holder()
         self.begun = now
@@ -733,8 +739,6 @@ class Attempts:
         #: This call's place in every node's line, and its ticket (the order; ties go by place).
         self.place = self.holder.token
         self.ticket = wall
-        #: The wake list of this place in each resource's line.
-        self.wake = tuple(config.wake_prefix(r) + self.place for r in self.resources)
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0
         #: How long the last vote kept the place in line (node ms); its failed attempt's release keeps it as long.
@@ -742,6 +746,16 @@ class Attempts:
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
+
+    @functools.cached_property
+    def line(self) -> list[str]:
+        """ACQUIRE's KEYS: the line keys of each resource (only calls that run the script need them)."""
+        return self.config.script_keys(self.resources)
+
+    @functools.cached_property
+    def wake(self) -> tuple[str, ...]:
+        """The wake list of this call's place in each resource's line."""
+        return tuple(self.config.wake_prefix(r) + self.place for r in self.resources)
 
     def _new_holder(self) -> None:
         # Every attempt sets its own value: a late release of an earlier attempt

@@ -27,10 +27,8 @@ def caller() -> tuple[Any, str]:
     Locks keep a weak reference to it, never an id: ids of finished threads and
     tasks are reused, and a lock must never be entered by whoever comes next.
     """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running event loop in this thread
-        task = None
+    loop = asyncio._get_running_loop()  # None outside a loop, where current_task() would raise
+    task = asyncio.current_task(loop) if loop is not None else None
     if task is not None:
         return task, f"asyncio task {task.get_name()!r}"
     thread = threading.current_thread()
@@ -128,7 +126,10 @@ class LockBase:
         ttl: float,
         started: float,
         place: str = "",
+        value: str | None = None,
+        keys: tuple[str, ...] | None = None,
     ) -> None:
+        """``value`` and ``keys``: the encoded holder and the resources' keys, when already known."""
         self.manager = manager
         # The acquire call's place in the nodes' waiting lines: the release leaves it.
         self._place = place
@@ -137,13 +138,13 @@ class LockBase:
         #: The name callers lock, e.g. ``"invoice-42"`` (several: ``"invoice-1, invoice-2"``).
         self.resource = base.name_of(resources)
         #: The Redis key of each resource, on every node.
-        self.keys: tuple[str, ...] = tuple(manager.config.key(r) for r in resources)
+        self.keys: tuple[str, ...] = keys or tuple(manager.config.key(r) for r in resources)
         #: The Redis key of the (first) resource.
         self.key: str = self.keys[0]
         #: Who holds it (token, host, pid, label).
         self.holder = holder
         #: The value stored on the nodes (the encoded holder).
-        self.value = holder.encode()
+        self.value = value or holder.encode()
         #: Seconds the keys live on the nodes (the last ttl asked for).
         self.ttl = ttl
         self._deadline: float = started + ttl - manager.config.drift(ttl)

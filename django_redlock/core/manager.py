@@ -116,7 +116,7 @@ class ManagerBase:
 
     def _granted(self, plan: base.Attempts, lock_class: type[_L]) -> _L:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
-        lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
+        lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place, plan.value, plan.keys)
         self._held.add(lock)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
@@ -429,7 +429,8 @@ class LockManager(ManagerBase):
         self._extender.add(self, lock, max_hold, on_lost)
 
     def _forget(self, lock: Lock) -> None:
-        self._extender.remove(lock)
+        if self._extender_instance is not None:  # none before the first auto-extended lock
+            self._extender_instance.remove(lock)
 
 
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:

@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 import weakref
-from contextlib import nullcontext
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -253,8 +252,11 @@ class Node:
             if not books.after_drain(conn, since, now):
                 _disconnect(conn)
 
-    def checkout(self, rnd: Round, i: int, now: float, pid: int | None = None) -> tuple[Any, float | None] | None:
-        """A connection for node ``i`` of ``rnd`` and, if parked, since when; None when the round has its result.
+    def checkout(
+        self, rnd: Round, i: int, now: float, pid: int | None = None
+    ) -> tuple[Any, float | None, list[Command]] | None:
+        """Node ``i``'s connection for ``rnd``, booked: ``(conn, parked since, commands to send)``;
+        None when the round has its result.
 
         ``pid``: the caller's ``os.getpid()``, read once per fan-out (a syscall).
         """
@@ -269,27 +271,29 @@ class Node:
                     return None
                 kind, conn, since = choice
                 if kind == PARKED:
-                    return conn, since
+                    return conn, since, rnd.write(i, conn, since, now)
                 if kind == NEW:
                     break
                 # A connection idle for a while may have been closed by a restart: look first.
                 if now - since < IDLE_CHECK or _idle_ok(conn):  # type: ignore[operator]
-                    return conn, None
+                    return conn, None, rnd.write(i, conn, None, now)
                 _disconnect(conn)
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             conn.connect()
-            return Wire(conn), None  # from here on the engine reads and writes the socket itself
+            wire = Wire(conn, self.node_timeout)  # from here on the engine reads and writes the socket itself
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
             if conn is not None:
                 _disconnect(conn)
             with self._mutex:
                 rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), time.monotonic())
             return None
+        with self._mutex:
+            return wire, None, rnd.write(i, wire, None, now)
 
-    def checkin(self, conn: Any, since: float) -> None:
-        if os.getpid() != self._pid:
+    def checkin(self, conn: Any, since: float, pid: int | None = None) -> None:
+        if (os.getpid() if pid is None else pid) != self._pid:
             return
         with self._mutex:
             self.books.checkin(conn, since, time.monotonic())
@@ -451,7 +455,7 @@ def pack(args: Sequence[Any]) -> bytes:
     """Encode one command as a RESP2 array of bulk strings."""
     parts = [b"*%d\r\n" % len(args)]
     for value in args:
-        data = _arg(value)
+        data = value.encode() if type(value) is str else _arg(value)
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
@@ -462,14 +466,25 @@ class Wire(ConnState):
     redis-py makes the connection (TCP or TLS, AUTH, SELECT); after that the
     engine writes pre-encoded commands to the socket and parses the replies
     itself, which keeps a fan-out cheap enough to cost about one round trip.
+    A plain socket is made non-blocking: the fan-out polls all nodes at once,
+    so a send or a read needs no poll of its own (one system call, not two);
+    one that cannot finish at once waits at most the node timeout. A TLS
+    socket keeps the node timeout as its socket timeout.
     """
 
-    __slots__ = ("conn", "_sock", "_buf", "_pos")
+    __slots__ = ("conn", "fd", "tls", "_sock", "_buf", "_pos", "_timeout")
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, timeout: float) -> None:
         super().__init__()
         self.conn = conn
-        self._sock = conn._sock
+        sock = conn._sock
+        self._sock = sock
+        self.fd: int = sock.fileno()
+        #: Decrypted bytes may wait inside the TLS layer, where poll() cannot see them.
+        self.tls = hasattr(sock, "pending")
+        self._timeout = timeout
+        if not self.tls:
+            sock.settimeout(0.0)
         self._buf = bytearray()
         self._pos = 0
 
@@ -485,25 +500,41 @@ class Wire(ConnState):
 
     def send_packed_command(self, data: bytes, check_health: bool = False) -> None:
         try:
-            self._sock.sendall(data)
+            if self.tls:
+                self._sock.sendall(data)
+                return
+            try:
+                sent = self._sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                self._send_rest(memoryview(data)[sent:])
         except socket.timeout:
             raise RedisTimeoutError("Timeout writing to socket") from None
         except OSError as exc:
             raise RedisConnectionError(f"Error writing to socket: {exc.__class__.__name__}") from None
 
+    def _send_rest(self, data: memoryview) -> None:
+        """The send buffer is full: wait for room, at most the node timeout in all."""
+        deadline = time.monotonic() + self._timeout
+        while data:
+            if not _ready(self.fd, select.POLLOUT, deadline - time.monotonic()):
+                raise socket.timeout
+            try:
+                data = data[self._sock.send(data) :]
+            except BlockingIOError:
+                pass
+
     def buffered(self) -> bool:
         """True when reply bytes are already buffered (poll() would not report them)."""
         if self._pos < len(self._buf):
             return True
-        pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes poll() cannot see
-        return bool(pending and pending())
+        return self.tls and bool(self._sock.pending())
 
     def can_read(self, timeout: float = 0) -> bool:
         if self.buffered():
             return True
-        poller = select.poll()
-        poller.register(self._sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-        if not poller.poll(timeout * 1000):
+        if not _ready(self.fd, select.POLLIN, timeout):
             return False
         self._fill()
         return True
@@ -527,8 +558,17 @@ class Wire(ConnState):
             self._fill()
 
     def _fill(self) -> None:
+        deadline = 0.0
         try:
-            data = self._sock.recv(262144)
+            while True:
+                try:
+                    data = self._sock.recv(262144)
+                    break
+                except BlockingIOError:  # nothing yet: wait for it, at most the node timeout
+                    now = time.monotonic()
+                    deadline = deadline or now + self._timeout
+                    if not _ready(self.fd, select.POLLIN, deadline - now):
+                        raise socket.timeout from None
         except socket.timeout:
             raise RedisTimeoutError("Timeout reading from socket") from None
         except OSError as exc:
@@ -542,6 +582,13 @@ class Wire(ConnState):
 
     def disconnect(self) -> None:
         self.conn.disconnect()
+
+
+def _ready(fd: int, events: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``events`` (or an error or hang-up) on ``fd``."""
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
 # -- building nodes from specs ---------------------------------------------
@@ -628,18 +675,26 @@ def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None, rnd:
         reply = conn.read_response()
     except ResponseError as exc:
         reply = exc
-    with mutex if mutex is not None else nullcontext():
-        try:
-            entry, resend = books.read(conn, reply, now)
-        except ValueError as exc:
-            raise RedisConnectionError(f"Protocol error: {exc}") from None
-        taken = resend is None and rnd is not None and entry.waiter is rnd
-        if taken:
-            rnd.take(entry, reply, now)  # type: ignore[union-attr]
-            books.checkin(conn, rnd.sent_at, now)  # type: ignore[union-attr]
+    if mutex is None:
+        taken, resend = _book(books, conn, reply, now, rnd)
+    else:
+        with mutex:
+            taken, resend = _book(books, conn, reply, now, rnd)
     if resend is not None:
         conn.send_packed_command(pack(resend))
     return taken
+
+
+def _book(books: NodeBooks, conn: Any, reply: Any, now: float, rnd: Round | None) -> tuple[bool, Command | None]:
+    try:
+        entry, resend = books.read(conn, reply, now)
+    except ValueError as exc:
+        raise RedisConnectionError(f"Protocol error: {exc}") from None
+    if resend is None and rnd is not None and entry.waiter is rnd:
+        rnd.take(entry, reply, now)
+        books.checkin(conn, rnd.sent_at, now)
+        return True, None
+    return False, resend
 
 
 def fanout(
@@ -686,10 +741,8 @@ def fanout(
             got = node.checkout(rnd, i, now, pid)
             if got is None:
                 continue
-            conn, since = got
+            conn, since, wire = got
             writing = (node, conn)
-            with node._mutex:
-                wire = rnd.write(i, conn, since, now)
             error = None
             try:
                 if len(wire) == 1:
@@ -703,14 +756,13 @@ def fanout(
                 error = node.redact(describe(exc, node.node_timeout))
                 _disconnect(conn)
             writing = None
-            with node._mutex:
-                wait = rnd.written(i, conn, since, now, error)
-            fd = _fileno(conn) if wait else None
-            if wait and fd is None:
+            if error is None and since is None:
+                wait = rnd.written(i, conn, since, now)  # the usual case touches no books
+            else:
                 with node._mutex:
-                    rnd.broken(i, conn, "connection lost", now)
-            elif wait:
-                watched[fd] = (i, conn)  # type: ignore[index]
+                    wait = rnd.written(i, conn, since, now, error)
+            if wait:
+                watched[conn.fd] = (i, conn)
         if watched:
             # Each node gets the full timeout after its command went out (connects can take time).
             rnd.start(time.monotonic())
@@ -719,16 +771,16 @@ def fanout(
         # Interrupted (a signal, KeyboardInterrupt): keep the books straight.
         if writing is not None:
             writing[0].drop(writing[1])
-        _finish(nodes, rnd)
+        _finish(nodes, rnd, pid)
         raise
-    _finish(nodes, rnd)
+    _finish(nodes, rnd, pid)
     return rnd.results
 
 
-def _finish(nodes: Sequence[Node], rnd: Round) -> None:
+def _finish(nodes: Sequence[Node], rnd: Round, pid: int) -> None:
     now = time.monotonic()
     for i, conn in rnd.finish(now):
-        nodes[i].checkin(conn, rnd.sent_at)
+        nodes[i].checkin(conn, rnd.sent_at, pid)
 
 
 class _all_mutexes:
@@ -744,22 +796,28 @@ class _all_mutexes:
             node._mutex.release()
 
 
+_POLL_READ = select.POLLIN | select.POLLERR | select.POLLHUP
+
+
 def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, Any]]) -> None:
     poller = select.poll()
     for fd in watched:
-        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        poller.register(fd, _POLL_READ)
+    tls = [fd for fd, (_, conn) in watched.items() if conn.tls]
     while watched:
         wait = rnd.wait_time(time.monotonic())
         if wait is None:
             break
-        ready = [fd for fd, _ in poller.poll(wait * 1000)]
-        for fd, (_, conn) in watched.items():
-            if fd not in ready and _has_buffered(conn):
+        buffered = [fd for fd in tls if fd in watched and _has_buffered(watched[fd][1])] if tls else []
+        ready = [fd for fd, _ in poller.poll(0 if buffered else wait * 1000)]
+        for fd in buffered:
+            if fd not in ready:
                 ready.append(fd)
         for fd in ready:
-            if fd not in watched:
+            got = watched.get(fd)
+            if got is None:
                 continue
-            i, conn = watched[fd]
+            i, conn = got
             node = nodes[i]
             try:
                 taken = _read_ours(node, rnd, conn)
@@ -780,14 +838,6 @@ def _read_ours(node: Node, rnd: Round, conn: Any) -> bool:
             return True
         if not conn.can_read(0):
             return False
-
-
-def _fileno(conn: Any) -> int | None:
-    sock = getattr(conn, "_sock", None)
-    try:
-        return sock.fileno() if sock is not None else None
-    except OSError:
-        return None
 
 
 def _has_buffered(conn: Wire) -> bool:

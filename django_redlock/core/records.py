@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import socket
 import time
@@ -11,6 +13,23 @@ from dataclasses import dataclass, field
 from typing import overload
 
 HOSTNAME = socket.gethostname()
+#: This process's id, for display in holders (kept current across forks, without a syscall per lock).
+_pid = [os.getpid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+
+
+def _json(value: object) -> str:
+    if type(value) is float:
+        return repr(value) if math.isfinite(value) else json.dumps(value)
+    if value is None:
+        return "null"
+    return _json_cached(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_cached(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -25,17 +44,22 @@ class Holder:
     members: int = 1  # how many resources the lock holds (all with this value)
 
     def encode(self) -> str:
-        data: dict[str, object] = {"t": self.token, "h": self.host, "p": self.pid, "a": self.acquired_at}
+        """The value stored on the nodes: compact JSON (``t`` token, ``h`` host, ``p`` pid, ``a``
+        acquired at, ``l`` label and ``n`` members when set), built field by field: it is made for
+        every attempt."""
+        token = self.token
+        text = '{"t":"' + token + '"' if token.isalnum() else '{"t":' + _json(token)
+        text += ',"h":' + _json(self.host) + ',"p":' + _json(self.pid) + ',"a":' + _json(self.acquired_at)
         if self.label is not None:
-            data["l"] = self.label
+            text += ',"l":' + _json(self.label)
         if self.members > 1:
-            data["n"] = self.members
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+            text += ',"n":' + str(self.members)
+        return text + "}"
 
     @classmethod
     def new(cls, token: str, label: str | None = None) -> Holder:
         acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
-        return cls(token, HOSTNAME, os.getpid(), label, acquired_at)
+        return cls(token, HOSTNAME, _pid[0], label, acquired_at)
 
     @overload
     @classmethod

@@ -145,8 +145,8 @@ def acquire(
     # A non-blocking call stops as soon as the outcome is certain (a lost majority fails in
     # milliseconds); a call that waits in line hears every node out when it fails.
     done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)
+    started = plan.begun  # read before the first byte is written: the validity counts from here
     while True:
-        started = yield NOW  # before the first byte is written: the validity counts from here
         try:
             results = yield Fan(
                 [plan.vote()] * total,
@@ -156,9 +156,10 @@ def acquire(
                 restart_window=plan.window,
                 block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
             )
-            if plan.won(results, started, quorum, (yield NOW)):
+            now = yield NOW
+            if plan.won(results, started, quorum, now):
                 return plan
-            pause = plan.next_vote(quorum, (yield NOW))
+            pause = plan.next_vote(quorum, now)
             # Release where this attempt's value may be set (the nodes that did not refuse for sure);
             # a call that gives up also leaves the line everywhere. One that goes on waiting keeps its
             # place: a node that granted this attempt took the place out of its line.
@@ -175,6 +176,7 @@ def acquire(
             plan.renew()
             if pause > 0:
                 yield Sleep(pause)
+            started = yield NOW
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
