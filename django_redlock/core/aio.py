@@ -21,13 +21,13 @@ from types import TracebackType
 from typing import Any, cast
 
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError
 
 from django_redlock.core import base, steps
 from django_redlock.core.base import Resources, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
-from django_redlock.core.nodes import Node, describe, pack
+from django_redlock.core.nodes import _INCOMPLETE, Node, _parse, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, RELEASE, Script
@@ -38,20 +38,76 @@ __all__ = ["AsyncLock", "AsyncLockManager"]
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
-class AConn(ConnState):
-    """A redis.asyncio connection with the books' per-connection state and its reader task."""
+class AConn(ConnState, asyncio.Protocol):
+    """One connection: the books' per-connection state, and the protocol that reads its replies.
 
-    __slots__ = ("conn", "reader")
+    redis.asyncio makes the connection (TCP or TLS, AUTH, SELECT); then this
+    protocol takes the transport over. Every reply is parsed and booked the
+    moment it arrives (see :mod:`django_redlock.core.ledger`), whether or not
+    a caller still waits for it: no reader task, no parser round trip through
+    redis-py. When nothing is pending any more, the connection is idle again.
+    """
 
-    def __init__(self, conn: Any) -> None:
+    __slots__ = ("conn", "anode", "books", "transport", "closed", "_buf", "_pos")
+
+    def __init__(self, conn: Any, anode: AsyncNode, books: NodeBooks, transport: Any) -> None:
         super().__init__()
-        self.conn = conn
-        self.reader: asyncio.Task[None] | None = None
+        self.conn = conn  # redis-py closes the transport when its connection is collected: keep it
+        self.anode = anode
+        self.books = books
+        self.transport = transport
+        self.closed = False
+        self._buf = bytearray()
+        self._pos = 0
 
     def healthy(self) -> bool:
-        """An idle connection has nothing to read; EOF or stray bytes mean it is unusable."""
-        reader = getattr(self.conn, "_reader", None)
-        return reader is not None and not reader.at_eof() and not reader._buffer
+        """An idle connection has nothing to read; a closed one or stray bytes mean it is unusable."""
+        return not self.closed and not self._buf and not self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        buf = self._buf
+        buf += data
+        try:
+            while self._pos < len(buf) and buf.endswith(b"\r\n"):
+                reply, after = _parse(buf, self._pos)
+                if reply is _INCOMPLETE:
+                    break
+                self._pos = after
+                self._book(reply)
+        except (ValueError, RedisError) as exc:
+            self.anode.drop(self, f"protocol error ({exc})")
+            return
+        if self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+
+    def _book(self, reply: Any) -> None:
+        books = self.books
+        now = time.monotonic()
+        entry, resend = books.read(self, reply, now)
+        if resend is not None:
+            self.transport.write(pack(resend))
+        elif entry.waiter is not None:
+            entry.waiter.take(entry, reply, now)
+        if self in books.parked:
+            if self.expect:
+                books.parked[self] = now  # progress
+            else:
+                del books.parked[self]
+                books.checkin(self, 0.0, now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.anode.drop(self, "connection lost")
+
+    def close(self) -> None:
+        self.closed = True
+        self.transport.close()
 
 
 class AsyncNode:
@@ -68,9 +124,6 @@ class AsyncNode:
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
         kwargs.pop("connection_class", None)
-        # Replies left behind by an early decision are read in the background for
-        # up to the stale limit; a fan-out itself waits only node_timeout.
-        kwargs["socket_timeout"] = node.stale_limit
         self.kwargs = kwargs
         self.connection_class = _async_class(node)
 
@@ -93,82 +146,52 @@ class AsyncNode:
         books = self.books
         return [conn for conn, _ in books.idle] + list(books.parked)
 
-    async def connect(self) -> AConn:
+    async def connect(self, books: NodeBooks) -> AConn:
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
             await asyncio.wait_for(conn.connect(), self.node_timeout)
+            if conn._reader._buffer:
+                raise ConnectionError("unexpected bytes after the handshake")
+            transport = conn._writer.transport
         except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
             if conn is not None:
                 await _adisconnect(conn)
             raise NodeUnavailable(self.node.redact(describe(exc, self.node_timeout))) from None
-        return AConn(conn)
+        aconn = AConn(conn, self, books, transport)
+        transport.set_protocol(aconn)
+        return aconn
 
-    def write(
-        self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes], books: NodeBooks | None = None
-    ) -> None:
+    def write(self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes]) -> None:
         if len(commands) == 1:
             data = packed.get(commands[0])
             if data is None:
                 data = packed[commands[0]] = pack(commands[0])  # the same command usually goes to every node
         else:
             data = b"".join(pack(c) for c in commands)
-        aconn.conn._writer.write(data)
-        if aconn.reader is None:
-            aconn.reader = asyncio.ensure_future(_reader(self, aconn, books))
+        aconn.write(data)
 
     def drop(self, aconn: AConn, reason: str) -> None:
-        """The connection broke: tell the rounds waiting on it, let the books drop it, close it."""
+        """The connection broke (or is given up): tell the rounds waiting on it, let the books drop it, close it."""
         now = time.monotonic()
         for entry in list(aconn.expect):
             if entry.waiter is not None:
                 entry.waiter.take(entry, Failure(reason), now)
-        self.books.drop(aconn, now)
-        asyncio.ensure_future(_adisconnect(aconn.conn))
+        aconn.books.drop(aconn, now)
+        aconn.close()
+
+    def drop_stale(self, books: NodeBooks, now: float) -> None:
+        """Give up connections whose replies are overdue beyond the stale limit (the books decide)."""
+        for aconn in books.stale(now):
+            self.drop(aconn, f"no reply for over {books.stale_limit:.1f} s")
 
     async def close(self) -> None:
-        conns = self._conns()
+        books = self.books
         now = time.monotonic()
-        for aconn in conns:
-            if aconn.reader is not None:
-                aconn.reader.cancel()
-            self.books.drop(aconn, now)
-        self.books.idle.clear()
-        for aconn in conns:
-            await _adisconnect(aconn.conn)
-
-
-async def _reader(anode: AsyncNode, aconn: AConn, books: NodeBooks | None = None) -> None:
-    """Read and book every reply on ``aconn`` while entries are pending; then it is idle again.
-
-    ``books``: the loop's books of ``anode`` when the caller already looked them up.
-    """
-    if books is None:
-        books = anode.books
-    try:
-        while aconn.expect:
-            try:
-                reply = await aconn.conn.read_response(timeout=None)  # socket timeout: the stale limit
-            except ResponseError as exc:
-                reply = exc
-            now = time.monotonic()
-            entry, resend = books.read(aconn, reply, now)
-            if aconn in books.parked:
-                books.parked[aconn] = now  # progress
-            if resend is not None:
-                aconn.conn._writer.write(pack(resend))
-            elif entry.waiter is not None:
-                entry.waiter.take(entry, reply, now)
-    except asyncio.CancelledError:
-        aconn.reader = None
-        raise
-    except BaseException as exc:  # noqa: BLE001 - timeout, lost connection: drop it
-        aconn.reader = None
-        anode.drop(aconn, anode.node.redact(describe(exc, anode.node_timeout)))
-        return
-    aconn.reader = None
-    books.parked.pop(aconn, None)
-    books.checkin(aconn, 0.0, time.monotonic())
+        for aconn in self._conns():
+            books.drop(aconn, now)
+            aconn.close()
+        books.idle.clear()
 
 
 def _async_class(node: Node) -> type:
@@ -186,14 +209,19 @@ async def _adisconnect(conn: Any) -> None:
         pass
 
 
-def _keep_when_connected(anode: AsyncNode, task: asyncio.Task[Any]) -> None:
+def _keep_when_connected(books: NodeBooks, task: asyncio.Task[Any]) -> None:
     """A connect the fan-out stopped waiting for (cancelled): keep the connection if it succeeds."""
 
     def after(done: asyncio.Task[Any]) -> None:
         if not done.cancelled() and done.exception() is None:
-            anode.books.checkin(done.result(), 0.0, time.monotonic())
+            books.checkin(done.result(), 0.0, time.monotonic())
 
     task.add_done_callback(after)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def afanout(
@@ -229,12 +257,7 @@ async def afanout(
         block=block,
     )
     wake: list[asyncio.Future[None]] = [loop.create_future()]
-
-    def on_reply() -> None:
-        if not wake[0].done():
-            wake[0].set_result(None)
-
-    rnd.on_reply = on_reply
+    rnd.on_reply = lambda: _wake(wake[0])
     packed: dict[Any, bytes] = {}
 
     def write(i: int, aconn: AConn, since: float | None) -> None:
@@ -242,10 +265,10 @@ async def afanout(
         wire = rnd.write(i, aconn, since, now)
         error = None
         try:
-            anode.write(aconn, wire, packed, books[i])
+            anode.write(aconn, wire, packed)
         except Exception as exc:  # noqa: BLE001 - the connection is broken
             error = anode.node.redact(describe(exc, anode.node_timeout))
-            asyncio.ensure_future(_adisconnect(aconn.conn))
+            aconn.close()
         parked = books[i].parked
         if rnd.written(i, aconn, since, now, error) and aconn not in parked:
             parked[aconn] = since if since is not None else now
@@ -253,17 +276,19 @@ async def afanout(
     connecting: dict[int, asyncio.Task[AConn]] = {}
     try:
         for i, anode in enumerate(anodes):
+            if books[i].parked:
+                anode.drop_stale(books[i], now)
             while True:
                 choice = rnd.choose(i, now)
                 if choice is None:
                     break
                 kind, aconn, since = choice
                 if kind == NEW:
-                    connecting[i] = asyncio.ensure_future(anode.connect())
+                    connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
                 elif kind == PARKED or aconn.healthy():
                     write(i, aconn, since if kind == PARKED else None)
                 else:
-                    asyncio.ensure_future(_adisconnect(aconn.conn))  # closed by the server: try again
+                    aconn.close()  # closed by the server: try again
                     continue
                 break
         if connecting:
@@ -286,12 +311,16 @@ async def afanout(
             if wait == 0.0:
                 await asyncio.sleep(0)  # the outcome is known: let replies already here be read
                 continue
-            await asyncio.wait(wake, timeout=wait)
+            timer = loop.call_later(wait, _wake, wake[0])
+            try:
+                await wake[0]
+            finally:
+                timer.cancel()
     except BaseException:
-        # Cancelled: readers keep reading and booking; connects finish into the pool.
+        # Cancelled: replies are still read and booked as they come; connects finish into the pool.
         rnd.finish(time.monotonic())
         for i, task in connecting.items():
-            _keep_when_connected(anodes[i], task)
+            _keep_when_connected(books[i], task)
         raise
     rnd.finish(time.monotonic())
     return rnd.results

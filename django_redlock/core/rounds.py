@@ -188,12 +188,19 @@ class NodeBooks:
         if not conn.expect:
             self.parked.pop(conn, None)
             self.idle.append((conn, now))
-        elif overdue(conn, since, now) > self.stale_limit:
+        elif self._stale(conn, since, now):
             self.drop(conn, now)
             return False
         else:
             self.parked[conn] = since
         return True
+
+    def stale(self, now: float) -> list[Any]:
+        """Parked connections whose replies are overdue beyond the stale limit: to be given up."""
+        return [conn for conn, since in self.parked.items() if self._stale(conn, since, now)]
+
+    def _stale(self, conn: Any, since: float, now: float) -> bool:
+        return bool(conn.expect) and overdue(conn, since, now) > self.stale_limit
 
     def drop(self, conn: Any, now: float) -> None:
         """Forget a connection; what was unanswered on it may still reach the node."""
@@ -207,9 +214,10 @@ class NodeBooks:
 
     # -- writing and reading -------------------------------------------------------
 
-    def owe(self, key: str, value: str, ttl: float, now: float, command: Command) -> None:
-        """A release of ``value`` (``command``) is about to be written: owe it until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, ledger.debt_command(command, RELEASE.source))
+    def owe(self, key: str, value: str, ttl: float, now: float, debt: Command) -> None:
+        """A release of ``value`` is about to be written: owe it (as ``debt``, see
+        :func:`~django_redlock.core.ledger.debt_command`) until it is proven done."""
+        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, debt)
 
     def prepare(
         self, conn: Any, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None
@@ -354,9 +362,13 @@ class Round:
         self.on_reply: Callable[[], None] | None = None
         if owe is not None:
             key, value, ttl = owe
+            debts: dict[int, Command] = {}  # the same command usually goes to every node
             for book, command in zip(books, commands):
                 if command is not None:
-                    book.owe(key, value, ttl, now, command)
+                    debt = debts.get(id(command))
+                    if debt is None:
+                        debt = debts[id(command)] = ledger.debt_command(command, RELEASE.source)
+                    book.owe(key, value, ttl, now, debt)
 
     def choose(self, i: int, now: float) -> tuple[str, Any, float | None] | None:
         """Where node ``i``'s command goes; None when the node already has its result."""
