@@ -534,9 +534,24 @@ class Wire(ConnState):
     def can_read(self, timeout: float = 0) -> bool:
         if self.buffered():
             return True
+        if timeout <= 0 and not self.tls:
+            return self._take_arrived()
         if not _ready(self.fd, select.POLLIN, timeout):
             return False
         self._fill()
+        return True
+
+    def _take_arrived(self) -> bool:
+        """Buffer what has already arrived, with one recv (no poll first); False when nothing has."""
+        try:
+            data = self._sock.recv(262144)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
+        if not data:
+            raise RedisConnectionError("Connection closed by server.")
+        self._buf += data
         return True
 
     def read_response(self) -> Any:
