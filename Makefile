@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention docs clean
+.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention bench-scaling docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -41,6 +41,11 @@ bench-contention:  ## only the contention scenario (8 processes, one key), merge
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/bench.py --only contention --workers 8 --seconds 10 --json docs/benchmarks.json \
 		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
+
+bench-scaling:  ## latency and memory against the number of masters (1 to 9), and with a 1 ms round trip added
+	@VENV=$(VENV) sh scripts/setup.sh bench
+	@$(PY) benchmarks/scaling.py --iterations 2000 --rtt-ms 1 --json docs/scaling.json \
+		--plot docs/img/scaling.png --rst docs/scaling_table.rst
 
 docs:  ## build the docs with warnings as errors
 	@VENV=$(VENV) sh scripts/setup.sh docs

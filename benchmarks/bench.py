@@ -35,6 +35,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -408,15 +409,22 @@ def main(argv=None) -> dict:
                     print(f"contention {library:34} {json.dumps(shown)}", flush=True)
         finally:
             single.stop()
+    write_outputs(results, args, plot, rst_table)
+    return results
+
+
+def write_outputs(
+    results: dict, args: argparse.Namespace, draw: Callable[[dict, str], None], tables: Callable[[dict], str]
+) -> None:
+    """Write what ``--json``, ``--plot`` and ``--rst`` asked for (``draw`` and ``tables`` make the last two)."""
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(results, fh, indent=2)
     if args.plot:
-        plot(results, args.plot)
+        draw(results, args.plot)
     if args.rst:
         with open(args.rst, "w") as fh:
-            fh.write(rst_table(results))
-    return results
+            fh.write(tables(results))
 
 
 def latency_row(library, urls, single_url, iterations, budget, servers, sections) -> dict:
