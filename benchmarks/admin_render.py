@@ -1,14 +1,18 @@
-"""Render time of the admin Locks page with many live locks on 5 local masters.
+"""Render time of the admin Locks page, and of ``manage.py redlock list``, with many live locks on 5 local masters.
 
     python benchmarks/admin_render.py [--locks 10000] [--repeat 5]
 
 Fills every node with the lock keys (pipelined SETs with real holder values),
-then renders the change list as a superuser through Django's test client.
+then renders the change list as a superuser through Django's test client
+(first page, a search, the page sorted by ttl), and runs ``redlock list``
+(text and ``--json``) with its output to memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import statistics
 import sys
@@ -54,23 +58,44 @@ def main(argv: list[str] | None = None) -> dict:
         user = get_user_model().objects.create_superuser("bench", "b@example.com", "pw")
         client = Client()
         client.force_login(user)
-        times = []
-        for _ in range(args.repeat):
-            started = time.perf_counter()
-            response = client.get("/admin/django_redlock/lock/")
-            times.append(time.perf_counter() - started)
+
+        def timed(call, check=lambda out: None):
+            times = []
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                out = call()
+                times.append(time.perf_counter() - started)
+                check(out)
+            return times
+
+        def page(query):
+            return lambda: client.get("/admin/django_redlock/lock/", query)
+
+        def listed(*flags):
+            def run():
+                out = io.StringIO()
+                call_command("redlock", "list", *flags, stdout=out)
+                return out.getvalue()
+
+            return run
+
+        def shows_first_lock(response):
             assert response.status_code == 200 and b"job-00000" in response.content
-        searched = []
-        for _ in range(args.repeat):
-            started = time.perf_counter()
-            response = client.get("/admin/django_redlock/lock/", {"q": "job-0999"})
-            searched.append(time.perf_counter() - started)
+
+        times = timed(page({}), shows_first_lock)
+        searched = timed(page({"q": "job-0999"}))
+        by_ttl = timed(page({"o": "-ttl"}))
+        text = timed(listed(), lambda out: out.count("\n") == args.locks + 1 or sys.exit(f"{out[:200]}..."))
+        as_json = timed(listed("--json"), lambda out: len(json.loads(out)) == args.locks or sys.exit("short JSON"))
     result = {
         "locks": args.locks,
         "nodes": 5,
         "render_median_ms": round(statistics.median(times) * 1000, 1),
         "render_max_ms": round(max(times) * 1000, 1),
         "search_median_ms": round(statistics.median(searched) * 1000, 1),
+        "sorted_by_ttl_median_ms": round(statistics.median(by_ttl) * 1000, 1),
+        "list_text_median_ms": round(statistics.median(text) * 1000, 1),
+        "list_json_median_ms": round(statistics.median(as_json) * 1000, 1),
     }
     print(result)
     return result

@@ -105,20 +105,18 @@ class LockAdmin(_ModelAdmin):
         started = time.perf_counter()
         error = None
         records: list[Any] = []
+        paginator = Paginator(records, PER_PAGE)
+        page = paginator.get_page(1)
         nodes: list[dict[str, Any]] = []
         try:
             manager = _manager()
-            records = list(manager.live_locks(match=query or None))
-            down = {name for r in records for name in r.down}
+            records, paginator, page, down = _read(manager, query or None, order, request.GET.get("p"))
             for status in manager.node_status(timeout=max(manager.node_timeout, 0.5)):
                 up = status.reachable and status.name not in down
                 nodes.append({"name": status.name, "up": up, "sits_out": status.sits_out_for if up else 0})
         except ImproperlyConfigured as exc:
             error = str(exc)
-        records.sort(key=SORTS[field], reverse=order.startswith("-"))
-        paginator = Paginator(records, PER_PAGE)
-        page = paginator.get_page(request.GET.get("p"))
-        rows = [_row(r) for r in page.object_list]
+        rows = [_row(r) for r in records]
         columns = [
             {
                 "name": name,
@@ -206,6 +204,36 @@ def _release(admin_obj: LockAdmin, request: HttpRequest) -> HttpResponse:
     context = admin_obj._context(request, _("Are you sure?"), resources=resources)
     request.current_app = admin_obj.admin_site.name
     return TemplateResponse(request, "admin/django_redlock/lock/confirm_release.html", context)
+
+
+def _read(
+    manager: Any, match: str | None, order: str, number: Any
+) -> tuple[list[Any], Paginator[Any], Any, dict[str, str]]:
+    """The records of the asked page (in ``order``), its paginator and page, and the nodes that did not answer.
+
+    In resource order (the default) only that page's keys are read in full;
+    any other order reads every lock to sort them.
+    """
+    field, descending = order.lstrip("-"), order.startswith("-")
+    if field != "resource":
+        listing = manager.lock_listing(match)
+        records = sorted(listing.records, key=SORTS[field], reverse=descending)
+        paginator = Paginator(records, PER_PAGE)
+        page = paginator.get_page(number)
+        return list(page.object_list), paginator, page, listing.down
+    try:
+        wanted = max(1, int(number))
+    except (TypeError, ValueError):
+        wanted = 1
+    while True:
+        start, stop = (wanted - 1) * PER_PAGE, wanted * PER_PAGE
+        listing = manager.lock_listing(match, rows=slice(-stop, -start or None) if descending else slice(start, stop))
+        paginator = Paginator(range(listing.count), PER_PAGE)
+        page = paginator.get_page(wanted)
+        if page.number == wanted:  # else past the end: read the last page
+            records = list(reversed(listing.records)) if descending else list(listing.records)
+            return records, paginator, page, listing.down
+        wanted = page.number
 
 
 def _when(timestamp: float | None) -> datetime | None:

@@ -30,7 +30,7 @@ from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, 
 from django_redlock.core.nodes import _INCOMPLETE, Node, _parse, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT, RELEASE, Script
+from django_redlock.core.scripts import INSPECT, LIST, RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -597,15 +597,16 @@ class AsyncLockManager(ManagerBase):
         for record in (await self.lock_listing(match)).records:
             yield record
 
-    async def lock_listing(self, match: str | None = None) -> LockListing:
+    async def lock_listing(self, match: str | None = None, rows: slice | None = None) -> LockListing:
         """Async version of :meth:`LockManager.lock_listing`."""
-        scan = Scan(self.config, self.node_list, self.quorum, match)
+        scan = Scan(self.config, self.node_list, self.quorum, match, rows)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
         while scan.running:
-            commands = scan.scan_commands(SCAN_COUNT)
-            inspect = scan.inspect_commands(commands, await self._fanout(commands, timeout))
-            if any(inspect):
-                scan.take(inspect, await self._fanout(inspect, timeout, script=INSPECT))
+            commands = scan.commands(SCAN_COUNT)
+            scan.take(commands, await self._fanout(commands, timeout, script=LIST))
+        commands = scan.inspect_commands()
+        if any(commands):
+            scan.take_inspected(commands, await self._fanout(commands, timeout, script=INSPECT))
         return scan.listing()
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:

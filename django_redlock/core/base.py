@@ -18,8 +18,18 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core import ledger
 from django_redlock.core.rounds import Failure
-from django_redlock.core.records import ForcedRelease, Holder, LockListing, LockRecord, NodeEntry
-from django_redlock.core.scripts import ACQUIRE, HELD, INSPECT, NO_PLACE, NOT_FIRST, RELEASE, Script, script_command
+from django_redlock.core.records import ForcedRelease, Holder, LockListing, LockRecord
+from django_redlock.core.scripts import (
+    ACQUIRE,
+    HELD,
+    INSPECT,
+    LIST,
+    NO_PLACE,
+    NOT_FIRST,
+    RELEASE,
+    Script,
+    script_command,
+)
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -255,6 +265,12 @@ class ManagerConfig:
         """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""
         lock_head, _, places_head = self.line_keys("")  # the script names each line from these heads
         return script_command(INSPECT, keys, (lock_head, places_head))
+
+    def list_command(self, cursor: str, pattern: str, count: int, read: bool) -> tuple[Any, ...]:
+        """LIST from ``cursor``: the next lock keys matching ``pattern``, read as INSPECT reads them
+        (``read``) or by name only."""
+        lock_head, _, places_head = self.line_keys("")
+        return script_command(LIST, (), (cursor, pattern, count, lock_head, places_head, "1" if read else ""))
 
     def release_command(
         self, resources: Sequence[str], value: str, place: str = "", keep: tuple[int, int] | None = None
@@ -607,16 +623,19 @@ def lost_error(resource: str, why: str) -> LockLost:
 
 
 class Scan:
-    """The state of a ``live_locks()`` walk: SCAN every node in lockstep, inspect each page.
+    """The state of a ``lock_listing()`` walk: every node scanned in lockstep, a page a round.
 
-    Each round the manager sends :meth:`scan_commands`, hands the pages to
-    :meth:`inspect_commands`, sends those, and hands the replies to
-    :meth:`take`; :meth:`records` gives the result once :attr:`running` is false.
-    Inspecting a page is one script call per node: each lock key's value and
-    ttl, and how many live places its resource's waiting line has.
+    Each round the manager sends :meth:`commands` (one LIST script call per
+    node still scanning) and hands the replies to :meth:`take`, until
+    :attr:`running` is false. With ``rows`` (a slice of the resources in
+    order) the walk reads names only; the manager then sends
+    :meth:`inspect_commands` for the slice's keys alone and hands the replies
+    to :meth:`take_inspected`. :meth:`listing` gives the result.
     """
 
-    def __init__(self, config: ManagerConfig, nodes: Sequence[Any], quorum: int, match: str | None) -> None:
+    def __init__(
+        self, config: ManagerConfig, nodes: Sequence[Any], quorum: int, match: str | None, rows: slice | None = None
+    ) -> None:
         pattern = config.scan_pattern()
         if match:
             escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
@@ -625,70 +644,90 @@ class Scan:
         self.config = config
         self.nodes = nodes
         self.quorum = quorum
-        self.cursors: list[int | None] = [0] * len(nodes)
+        self.rows = rows
+        #: With ``rows``: the slice's keys, and how many keys name a resource in all.
+        self.page: list[str] = []
+        self.count = 0
+        self.cursors: list[str | None] = ["0"] * len(nodes)
         self.down: dict[str, str] = {}
-        self.found: dict[str, dict[str, NodeEntry]] = {}
-        self.page_keys: list[list[str]] = []
-        self.holders: dict[bytes, Holder] = {}
+        #: Per node: lock key -> (value, ttl ms, live places), or None while only its name is known.
+        self.seen: list[dict[str, tuple[str, int, int] | None]] = [{} for _ in nodes]
 
     @property
     def running(self) -> bool:
         return any(c is not None for c in self.cursors)
 
-    def scan_commands(self, count: int) -> list[tuple[Any, ...] | None]:
-        return [("SCAN", c, "MATCH", self.pattern, "COUNT", count) if c is not None else None for c in self.cursors]
+    def commands(self, count: int) -> list[tuple[Any, ...] | None]:
+        read = self.rows is None
+        return [self.config.list_command(c, self.pattern, count, read) if c is not None else None for c in self.cursors]
 
-    def inspect_commands(self, commands: Sequence[Any], pages: Sequence[Any]) -> list[tuple[Any, ...] | None]:
-        self.page_keys = []
-        inspect: list[tuple[Any, ...] | None] = []
-        for i, page in enumerate(pages):
-            keys: list[str] = []
-            if commands[i] is not None:
-                if isinstance(page, Failure):
-                    self.down[self.nodes[i].name] = page.reason
-                    self.cursors[i] = None
-                else:
-                    cursor, raw_keys = page
-                    self.cursors[i] = int(cursor) or None
-                    keys = [k.decode("utf-8", "replace") if isinstance(k, bytes) else k for k in raw_keys]
-            self.page_keys.append(keys)
-            inspect.append(self.config.inspect_command(keys) if keys else None)
-        return inspect
+    def _failed(self, i: int, reply: Any) -> bool:
+        if isinstance(reply, Failure):
+            self.down[self.nodes[i].name] = reply.reason
+            self.cursors[i] = None
+            return True
+        return False
 
-    def take(self, inspect: Sequence[Any], replies: Sequence[Any]) -> None:
+    def take(self, commands: Sequence[Any], replies: Sequence[Any]) -> None:
         for i, reply in enumerate(replies):
-            if inspect[i] is None:
+            if commands[i] is None or self._failed(i, reply):
                 continue
-            name = self.nodes[i].name
-            if isinstance(reply, Failure):
-                self.down[name] = reply.reason
-                self.cursors[i] = None
+            parts = (reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply).split("\0")
+            self.cursors[i] = parts[0] if parts[0] != "0" else None
+            # SCAN may return a key twice: the later reading wins.
+            if self.rows is not None:
+                self.seen[i].update(dict.fromkeys(parts[1:]))
+            else:
+                self.seen[i].update(zip(parts[1::4], zip(parts[2::4], map(int, parts[3::4]), map(int, parts[4::4]))))
+
+    def keys(self) -> list[str]:
+        """Every lock key seen that names a resource, in resource order."""
+        found: set[str] = set().union(*self.seen)
+        return sorted(k for k in found if self.config.resource_of(k) is not None)
+
+    def inspect_commands(self) -> list[tuple[Any, ...] | None]:
+        """After a walk by name: INSPECT of the slice's keys on every node that answered it."""
+        if self.rows is not None:
+            keys = self.keys()
+            self.count, self.page = len(keys), keys[self.rows]
+        command = self.config.inspect_command(self.page) if self.page else None
+        return [command if node.name not in self.down else None for node in self.nodes]
+
+    def take_inspected(self, commands: Sequence[Any], replies: Sequence[Any]) -> None:
+        keys = self.page
+        for i, reply in enumerate(replies):
+            if commands[i] is None or self._failed(i, reply):
                 continue
-            holders = self.holders
-            keys = self.page_keys[i]
             tail = reply[2 * len(keys)]  # (1-based index, live places) for keys with a line
             waiting = dict(zip(tail[::2], tail[1::2])) if tail else {}
+            seen = self.seen[i] = {}
             for j, key in enumerate(keys):
                 raw, pttl = reply[2 * j], reply[2 * j + 1]
                 if raw and pttl != -2:
-                    ttl = pttl / 1000.0 if pttl >= 0 else -1.0
-                    holder = holders.get(raw)
-                    if holder is None:  # the same value sits on every node: decode it once
-                        holder = holders[raw] = Holder.decode(raw)
-                    self.found.setdefault(key, {})[name] = NodeEntry(name, holder, ttl, waiting.get(j + 1, 0))
+                    value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                    seen[key] = (value, pttl, waiting.get(j + 1, 0))
 
     def listing(self) -> LockListing:
-        return LockListing(tuple(self.records()), dict(self.down), len(self.nodes), self.quorum)
+        """The records read: every one, or the slice's (``count`` still tells how many there are)."""
+        if self.rows is None:
+            records = self.records(self.keys())
+            return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, len(records))
+        records = self.records(self.page)
+        return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, self.count)
 
-    def records(self) -> list[LockRecord]:
-        order = {node.name: n for n, node in enumerate(self.nodes)}
+    def records(self, keys: Sequence[str]) -> list[LockRecord]:
         down = tuple(sorted(self.down))
+        total = len(self.nodes)
+        names = [node.name for node in self.nodes]
         out = []
-        for key in sorted(self.found):
+        for key in keys:
             resource = self.config.resource_of(key)
-            if resource is not None:
-                entries = tuple(sorted(self.found[key].values(), key=lambda e: order[e.node]))
-                out.append(LockRecord(resource, key, entries, len(self.nodes), self.quorum, down))
+            if resource is None:
+                continue
+            # Node by node: copies come out in node order.
+            copies = tuple((name, *read) for name, seen in zip(names, self.seen) if (read := seen.get(key)))
+            if copies:
+                out.append(LockRecord(resource, key, copies, total, self.quorum, down))
         return out
 
 

@@ -13,7 +13,7 @@ from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT, RELEASE
+from django_redlock.core.scripts import INSPECT, LIST, RELEASE
 
 __all__ = ["LockManager"]
 
@@ -372,15 +372,22 @@ class LockManager(ManagerBase):
         """
         yield from self.lock_listing(match).records
 
-    def lock_listing(self, match: str | None = None) -> LockListing:
-        """:meth:`live_locks` as a whole: the records and the nodes that could not be read."""
-        scan = Scan(self.config, self.node_list, self.quorum, match)
+    def lock_listing(self, match: str | None = None, rows: slice | None = None) -> LockListing:
+        """:meth:`live_locks` as a whole: the records and the nodes that could not be read.
+
+        ``rows`` (a slice of the resources in order, e.g. ``slice(0, 100)`` or
+        ``slice(-100, None)``) reads only those records in full: the walk then
+        fetches key names alone, and the listing's ``count`` still tells how
+        many resources there are.
+        """
+        scan = Scan(self.config, self.node_list, self.quorum, match, rows)
         timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
         while scan.running:
-            commands = scan.scan_commands(SCAN_COUNT)
-            inspect = scan.inspect_commands(commands, fanout(self.node_list, commands, timeout=timeout))
-            if any(inspect):
-                scan.take(inspect, fanout(self.node_list, inspect, timeout=timeout, script=INSPECT))
+            commands = scan.commands(SCAN_COUNT)
+            scan.take(commands, fanout(self.node_list, commands, timeout=timeout, script=LIST))
+        commands = scan.inspect_commands()
+        if any(commands):
+            scan.take_inspected(commands, fanout(self.node_list, commands, timeout=timeout, script=INSPECT))
         return scan.listing()
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:

@@ -10,6 +10,7 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import overload
 
 HOSTNAME = socket.gethostname()
@@ -111,46 +112,73 @@ class NodeEntry:
     waiting: int = 0  # live places in the resource's waiting line on that node
 
 
+def seconds(pttl: int) -> float:
+    """A PTTL reply in seconds; -1.0 for a key without expiry."""
+    return pttl / 1000.0 if pttl >= 0 else -1.0
+
+
 @dataclass(frozen=True)
 class LockRecord:
-    """A resource with a live lock key on at least one node."""
+    """A resource with a live lock key on at least one node.
+
+    Built from each node's raw copy; the holder is decoded, and every figure
+    worked out, on first use only: a listing of thousands sorts and shows
+    few of them in full.
+    """
 
     resource: str
     key: str
-    entries: tuple[NodeEntry, ...]
+    #: One per node holding the key, in node order: (node name, stored value, ttl ms, live places).
+    copies: tuple[tuple[str, str, int, int], ...]
     total: int
     quorum: int
     down: tuple[str, ...] = field(default=())
 
+    @cached_property
+    def entries(self) -> tuple[NodeEntry, ...]:
+        """Each node's copy; equal values share one decoded :class:`Holder`."""
+        holders: dict[str, Holder] = {}
+        out = []
+        for node, value, pttl, live in self.copies:
+            holder = holders.get(value)
+            if holder is None:
+                holder = holders[value] = Holder.decode(value)
+            out.append(NodeEntry(node, holder, seconds(pttl), live))
+        return tuple(out)
+
+    @cached_property
+    def _main(self) -> tuple[Holder | None, tuple[int, ...]]:
+        """The holder seen on the most nodes (on a tie, the first such node's), and which copies store it."""
+        values = [c[1] for c in self.copies]
+        if not values:
+            return None, ()
+        if values.count(values[0]) == len(values):  # the usual case: one value everywhere
+            return Holder.decode(values[0]), tuple(range(len(values)))
+        entries = self.entries
+        token = Counter(e.holder.token for e in entries if e.holder).most_common(1)[0][0]
+        mine = tuple(i for i, e in enumerate(entries) if e.holder and e.holder.token == token)
+        return entries[mine[0]].holder, mine
+
     @property
     def holder(self) -> Holder | None:
         """The holder seen on the most nodes."""
-        counts = Counter(e.holder.token for e in self.entries if e.holder)
-        if not counts:
-            return None
-        token = counts.most_common(1)[0][0]
-        return next(e.holder for e in self.entries if e.holder and e.holder.token == token)
+        return self._main[0]
 
     @property
     def nodes_holding(self) -> int:
-        holder = self.holder
-        return sum(1 for e in self.entries if holder and e.holder and e.holder.token == holder.token)
+        return len(self._main[1])
 
-    @property
+    @cached_property
     def ttl(self) -> float:
         """Seconds until fewer than a quorum of the main holder's keys remain (max ttl without quorum)."""
-        holder = self.holder
-        ttls = sorted(
-            (e.ttl for e in self.entries if holder and e.holder and e.holder.token == holder.token),
-            reverse=True,
-        )
+        ttls = sorted((seconds(self.copies[i][2]) for i in self._main[1]), reverse=True)
         if not ttls:
             return 0.0
         if len(ttls) >= self.quorum:
             return ttls[self.quorum - 1]
         return ttls[0]
 
-    @property
+    @cached_property
     def waiting(self) -> int:
         """Calls waiting in line: the most that a quorum of the nodes holding the key agree on.
 
@@ -160,17 +188,19 @@ class LockRecord:
         out of that node's line; a node that did not grant it keeps the place
         until the release (or about 1.5 s), so it may be counted there.
         """
-        counts = sorted((e.waiting for e in self.entries), reverse=True)
+        counts = sorted((c[3] for c in self.copies), reverse=True)
         if not counts:
             return 0
         return counts[min(self.quorum, len(counts)) - 1]
 
-    @property
+    @cached_property
     def state(self) -> str:
         """``held`` (one holder on a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
-        tokens = {e.holder.token for e in self.entries if e.holder}
         if self.nodes_holding >= self.quorum:
             return "held"
+        if self.nodes_holding == len(self.copies):
+            return "minority"
+        tokens = {e.holder.token for e in self.entries if e.holder}
         return "split" if len(tokens) > 1 else "minority"
 
 
@@ -184,12 +214,14 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class LockListing:
-    """The live locks, and the nodes whose keys could not be read (name -> why)."""
+    """The live locks (all, or a slice of them in resource order), and the nodes whose keys could not be read (name -> why)."""
 
     records: tuple[LockRecord, ...]
     down: dict[str, str]
     total: int
     quorum: int
+    #: How many resources have a live lock key: more than ``records`` when only a slice was read.
+    count: int
 
     @property
     def trustworthy(self) -> bool:

@@ -248,3 +248,54 @@ out[2 * #KEYS + 1] = waiting
 return out
 """,
 )
+
+# ARGV[1] SCAN cursor, ARGV[2] MATCH pattern, ARGV[3] COUNT, ARGV[4] the head of the lock keys
+# ("<prefix>lock:"), ARGV[5] the head of the places zsets ("<prefix>places:"), ARGV[6] '1' to
+# read the keys, '' for their names only.
+# SCAN on until the cursor is back at 0, at least ARGV[3] keys are found, or ten pages are walked
+# (a search matching little needs few round trips; the node is never held long); read each key
+# as INSPECT does. Reply one string, NUL-separated: the cursor, then key, value, ttl ms, live
+# places for each key still holding a value, or just each key (a NUL inside a key or value
+# becomes U+FFFD). One string splits far faster than four replies a key are parsed. Read-only.
+LIST = Script(
+    "list",
+    """
+local clock = redis.call('time')
+local after = '(' .. (clock[1] * 1000 + math.floor(clock[2] / 1000))
+local cut = #ARGV[4] + 1
+local cursor, wanted = ARGV[1], tonumber(ARGV[3])
+local out, n, found = {}, 1, 0
+local function text(s)
+    if string.find(s, '\\0', 1, true) then
+        return (string.gsub(s, '%z', '\\239\\191\\189'))
+    end
+    return s
+end
+for _ = 1, 10 do
+    local page = redis.call('scan', cursor, 'match', ARGV[2], 'count', wanted)
+    cursor = page[1]
+    for _, key in ipairs(page[2]) do
+        if ARGV[6] == '' then
+            n = n + 1
+            out[n] = text(key)
+        else
+            local value = redis.call('get', key)
+            local ttl = redis.call('pttl', key)
+            if value and value ~= '' and ttl ~= -2 then
+                out[n + 1] = text(key)
+                out[n + 2] = text(value)
+                out[n + 3] = ttl
+                out[n + 4] = redis.call('zcount', ARGV[5] .. string.sub(key, cut), after, '+inf')
+                n = n + 4
+            end
+        end
+    end
+    found = found + #page[2]
+    if cursor == '0' or found >= wanted then
+        break
+    end
+end
+out[1] = cursor
+return table.concat(out, '\\0')
+""",
+)

@@ -47,21 +47,22 @@ class Command(BaseCommand):
         listing = manager.lock_listing(match=options["match"])
         records = listing.records
         if options["json"]:
-            self.stdout.write(json.dumps([record_json(r) for r in records], indent=2))
+            # One lock a line: the indenting encoder is pure Python, ten times slower on thousands of locks.
+            text = ",\n  ".join(json.dumps(record_json(r)) for r in records)
+            self.stdout.write(f"[\n  {text}\n]" if records else "[]")
         elif not records:
             self.stdout.write("No live locks." if listing.trustworthy else "No live locks on the nodes that answered.")
         else:
             width = max(8, *(len(r.resource) for r in records))
             words = max(len(w) for w in STATE_WORDS.values())
-            self.stdout.write(
-                f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"
-            )
+            lines = [f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"]
             for r in records:
                 holder = str(r.holder) if r.holder else "?"
                 nodes = f"{r.nodes_holding}/{r.total}"
                 style = self.style.SUCCESS if r.state == "held" else self.style.WARNING
                 state = style(f"{STATE_WORDS[r.state]:<{words}}")
-                self.stdout.write(f"{r.resource:<{width}}  {state}  {nodes:>5}  {r.ttl:>7.1f}s  {r.waiting:>7}  {holder}")
+                lines.append(f"{r.resource:<{width}}  {state}  {nodes:>5}  {r.ttl:>7.1f}s  {r.waiting:>7}  {holder}")
+            self.stdout.write("\n".join(lines))  # one write: thousands of small ones cost more than the lines
         for name, why in listing.down.items():
             self.stderr.write(self.style.WARNING(f"Node {name} did not answer ({why}); its keys are not listed."))
         if not listing.trustworthy:

@@ -1,0 +1,132 @@
+"""Listing live locks at scale: the LIST script's pages, reading only a slice, odd keys, nodes down."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.test import Client
+from django.urls import reverse
+
+from django_redlock.core.records import Holder
+from django_redlock.core.scripts import LIST
+
+LOCKS = 2_345  # more than two SCAN pages of 1,000 on every node
+
+
+def fill(servers, count=LOCKS, nodes=range(5), holder=lambda i: Holder(f"t{i}", "h", 1, "lbl", 1.0)):
+    for n in nodes:
+        with redis.Redis.from_url(servers[n].url) as client:
+            pipe = client.pipeline(transaction=False)
+            for i in range(count):
+                pipe.set(f"redlock:lock:r-{i:05d}", holder(i).encode(), px=60_000)
+            pipe.execute()
+
+
+def names(count=LOCKS):
+    return [f"r-{i:05d}" for i in range(count)]
+
+
+def test_many_locks_across_pages_are_each_listed_once_in_order(manager, servers):
+    fill(servers)
+    listing = manager.lock_listing()
+    assert [r.resource for r in listing.records] == names() and listing.count == LOCKS
+    record = listing.records[1234]
+    assert record.state == "held" and record.nodes_holding == 5 and str(record.holder) == "h:1 (lbl)"
+    assert [e.node for e in record.entries] == list(manager.nodes) and 59 < record.ttl <= 60
+
+
+def test_a_slice_is_read_in_full_and_the_count_covers_all(manager, servers):
+    fill(servers)
+    first = manager.lock_listing(rows=slice(0, 100))
+    assert [r.resource for r in first.records] == names()[:100] and first.count == LOCKS
+    last = manager.lock_listing(rows=slice(-100, None))
+    assert [r.resource for r in last.records] == names()[-100:]
+    assert last.records[-1].holder == Holder(f"t{LOCKS - 1}", "h", 1, "lbl", 1.0)
+    middle = manager.lock_listing(match="r-012", rows=slice(20, 30))
+    assert [r.resource for r in middle.records] == names()[1220:1230] and middle.count == 100
+    assert manager.lock_listing(rows=slice(LOCKS, LOCKS + 100)).records == ()
+
+
+def test_the_script_walks_every_key_once_over_calls_that_stop_early(servers):
+    fill(servers, nodes=[0])
+    with redis.Redis.from_url(servers[0].url) as client:
+        client.set("unrelated", "x")
+        for read, width in (("", 1), ("1", 4)):
+            cursor, seen, calls = "0", [], 0
+            while True:
+                parts = client.eval(LIST.source, 0, cursor, "redlock:lock:*", 50, "redlock:lock:", "redlock:places:", read)
+                parts = parts.decode().split("\0")
+                seen += parts[1::width]
+                cursor, calls = parts[0], calls + 1
+                if cursor == "0":
+                    break
+            assert sorted(set(seen)) == [f"redlock:lock:{n}" for n in names()] and calls > 10
+        # A match found nowhere: each call walks at most ten SCAN pages, then hands back the cursor.
+        parts = client.eval(LIST.source, 0, "0", "redlock:lock:nothing*", 10, "redlock:lock:", "redlock:places:", "1")
+        assert parts != b"0" and b"\0" not in parts
+
+
+def test_nul_bytes_in_keys_and_values_do_not_break_the_reply(manager, servers):
+    fill(servers, count=3)
+    for server in servers:
+        with redis.Redis.from_url(server.url) as client:
+            client.set("redlock:lock:a\0b", "odd\0value", px=60_000)
+    records = {r.resource: r for r in manager.live_locks()}
+    assert sorted(records) == ["a\ufffdb", *names(3)]
+    assert records["a\ufffdb"].holder == Holder("odd\ufffdvalue") and records["r-00002"].nodes_holding == 5
+
+
+def test_split_and_minority_copies(manager, servers):
+    fill(servers, count=2, nodes=[0, 1], holder=lambda i: Holder("one"))
+    fill(servers, count=1, nodes=[2, 3], holder=lambda i: Holder("two"))
+    split, minority = manager.lock_listing().records
+    assert split.state == "split" and split.holder == Holder("one") and split.nodes_holding == 2
+    assert [e.holder.token for e in split.entries] == ["one", "one", "two", "two"]
+    assert minority.state == "minority" and minority.nodes_holding == 2 and len(minority.entries) == 2
+
+
+@pytest.mark.parametrize("rows", [None, slice(0, 100)])
+def test_a_node_down_while_listing_is_named_and_its_keys_left_out(manager, servers, rows):
+    fill(servers)
+    servers[4].kill()
+    listing = manager.lock_listing(rows=rows)
+    assert list(listing.down) == [manager.nodes[4]] and listing.trustworthy and listing.count == LOCKS
+    assert {r.nodes_holding for r in listing.records} == {4} and listing.records[0].down == (manager.nodes[4],)
+    servers[3].kill()
+    servers[2].kill()
+    listing = manager.lock_listing(rows=rows)
+    assert not listing.trustworthy and len(listing.down) == 3 and listing.count == LOCKS
+
+
+async def test_async_listing_reads_a_slice(servers):
+    from django_redlock.core import AsyncLockManager
+
+    fill(servers)
+    async with AsyncLockManager(servers.urls, restart_window=0) as amanager:
+        listing = await amanager.lock_listing(rows=slice(100, 200))
+        assert [r.resource for r in listing.records] == names()[100:200] and listing.count == LOCKS
+        assert len((await amanager.lock_listing()).records) == LOCKS
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redlock_settings")
+def test_admin_pages_through_many_locks_in_either_order(servers, admin_user):
+    fill(servers)
+    client = Client()
+    client.force_login(admin_user)
+
+    def shown(**query):
+        page = client.get(reverse("admin:django_redlock_lock_changelist"), query).content.decode()
+        return page, [n for n in names() if f">{n}</a>" in page]
+
+    page, rows = shown()
+    assert rows == names()[:100] and f"{LOCKS} locks" in page and "Page 1 of 24" in page
+    assert shown(p="3")[1] == names()[200:300]
+    page, rows = shown(p="99")  # past the end: the last page
+    assert rows == names()[2300:] and "Page 24 of 24" in page
+    page, rows = shown(o="-resource")
+    assert rows == names()[-100:] and page.index(names()[-1]) < page.index(names()[-100])
+    assert shown(o="-resource", p="24")[1] == names()[:45]
+    assert shown(q="r-0123")[1] == names()[1230:1240]
+    page, rows = shown(o="ttl")
+    assert len(rows) == 100 and f"{LOCKS} locks" in page
