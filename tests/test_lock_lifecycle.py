@@ -64,7 +64,7 @@ def test_forked_children_start_with_a_clean_extender(manager, servers):
     outcomes, held = [], []
     for i in range(5):
         try:
-            with manager.lock(f"parent-{i}", ttl=0.3, auto_extend=True)  # 0.1 s lost it to fork stalls under load as lock:
+            with manager.lock(f"parent-{i}", ttl=0.3, auto_extend=True) as lock:  # 0.1 s: fork stalls under load
                 pid = os.fork()
                 if pid == 0:  # the child: never return into pytest
                     code = 0
