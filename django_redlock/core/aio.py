@@ -27,7 +27,7 @@ from django_redlock.core import base, steps
 from django_redlock.core.base import Resources, Scan
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
-from django_redlock.core.nodes import _INCOMPLETE, Node, _parse, describe, pack
+from django_redlock.core.nodes import Node, ReplyBuffer, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import INSPECT, LIST, RELEASE, Script
@@ -48,7 +48,7 @@ class AConn(ConnState, asyncio.Protocol):
     redis-py. When nothing is pending any more, the connection is idle again.
     """
 
-    __slots__ = ("conn", "anode", "books", "transport", "closed", "_buf", "_pos")
+    __slots__ = ("conn", "anode", "books", "transport", "closed", "_replies")
 
     def __init__(self, conn: Any, anode: AsyncNode, books: NodeBooks, transport: Any) -> None:
         super().__init__()
@@ -57,12 +57,11 @@ class AConn(ConnState, asyncio.Protocol):
         self.books = books
         self.transport = transport
         self.closed = False
-        self._buf = bytearray()
-        self._pos = 0
+        self._replies = ReplyBuffer()
 
     def healthy(self) -> bool:
         """An idle connection has nothing to read; a closed one or stray bytes mean it is unusable."""
-        return not self.closed and not self._buf and not self.transport.is_closing()
+        return not self.closed and not self._replies.pending() and not self.transport.is_closing()
 
     def write(self, data: bytes) -> None:
         self.transport.write(data)
@@ -70,21 +69,13 @@ class AConn(ConnState, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        buf = self._buf
-        buf += data
+        replies = self._replies
+        replies.feed(data)
         try:
-            while self._pos < len(buf) and buf.endswith(b"\r\n"):
-                reply, after = _parse(buf, self._pos)
-                if reply is _INCOMPLETE:
-                    break
-                self._pos = after
+            while (reply := replies.next()) is not ReplyBuffer.INCOMPLETE:
                 self._book(reply)
         except (ValueError, RedisError) as exc:
             self.anode.drop(self, f"protocol error ({exc})")
-            return
-        if self._pos == len(buf):
-            buf.clear()
-            self._pos = 0
 
     def _book(self, reply: Any) -> None:
         books = self.books

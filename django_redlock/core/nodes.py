@@ -460,6 +460,50 @@ def pack(args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
+class ReplyBuffer:
+    """The bytes read from one connection, and the whole RESP2 replies in them, in order.
+
+    Both drivers read through one: the sync :class:`Wire` and the asyncio
+    protocol (:class:`~django_redlock.core.aio.AConn`).
+    """
+
+    __slots__ = ("_buf", "_pos")
+
+    #: What :meth:`next` returns while the next reply has not fully arrived.
+    INCOMPLETE = _INCOMPLETE
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def pending(self) -> bool:
+        """True while bytes of a reply not yet returned are buffered."""
+        return self._pos < len(self._buf)
+
+    def next(self) -> Any:
+        """The next whole reply (an error reply as its exception object), or :attr:`INCOMPLETE`.
+
+        Raises :class:`ValueError` for bytes that are not RESP2.
+        """
+        buf = self._buf
+        # A whole reply always ends with CRLF: do not re-parse a partial one after every read.
+        if self._pos >= len(buf) or not buf.endswith(b"\r\n"):
+            return _INCOMPLETE
+        reply, after = _parse(buf, self._pos)
+        if reply is not _INCOMPLETE:
+            if after == len(buf):
+                buf.clear()
+                after = 0
+            self._pos = after
+        return reply
+
+
 class Wire(ConnState):
     """A connected redis-py connection, read and written directly.
 
@@ -472,7 +516,7 @@ class Wire(ConnState):
     socket keeps the node timeout as its socket timeout.
     """
 
-    __slots__ = ("conn", "fd", "tls", "_sock", "_buf", "_pos", "_timeout")
+    __slots__ = ("conn", "fd", "tls", "_sock", "_replies", "_timeout")
 
     def __init__(self, conn: Any, timeout: float) -> None:
         super().__init__()
@@ -485,8 +529,7 @@ class Wire(ConnState):
         self._timeout = timeout
         if not self.tls:
             sock.settimeout(0.0)
-        self._buf = bytearray()
-        self._pos = 0
+        self._replies = ReplyBuffer()
 
     encoder = None
 
@@ -527,7 +570,7 @@ class Wire(ConnState):
 
     def buffered(self) -> bool:
         """True when reply bytes are already buffered (poll() would not report them)."""
-        if self._pos < len(self._buf):
+        if self._replies.pending():
             return True
         return self.tls and bool(self._sock.pending())
 
@@ -551,25 +594,19 @@ class Wire(ConnState):
             raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
         if not data:
             raise RedisConnectionError("Connection closed by server.")
-        self._buf += data
+        self._replies.feed(data)
         return True
 
     def read_response(self) -> Any:
         while True:
-            # A whole reply always ends with CRLF: do not re-parse a partial one after every recv.
-            if self._pos < len(self._buf) and self._buf.endswith(b"\r\n"):
-                try:
-                    reply, after = _parse(self._buf, self._pos)
-                except ValueError as exc:
-                    raise RedisConnectionError(f"Protocol error: {exc}") from None
-                if reply is not _INCOMPLETE:
-                    self._pos = after
-                    if after == len(self._buf):
-                        self._buf.clear()
-                        self._pos = 0
-                    if isinstance(reply, ResponseError):
-                        raise reply
-                    return reply
+            try:
+                reply = self._replies.next()
+            except ValueError as exc:
+                raise RedisConnectionError(f"Protocol error: {exc}") from None
+            if reply is not _INCOMPLETE:
+                if isinstance(reply, ResponseError):
+                    raise reply
+                return reply
             self._fill()
 
     def _fill(self) -> None:
@@ -590,10 +627,7 @@ class Wire(ConnState):
             raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
         if not data:
             raise RedisConnectionError("Connection closed by server.")
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        self._replies.feed(data)
 
     def disconnect(self) -> None:
         self.conn.disconnect()

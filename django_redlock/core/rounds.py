@@ -410,7 +410,12 @@ class Round:
         return [command]
 
     def written(self, i: int, conn: Any, parked_since: float | None, now: float, error: str | None = None) -> bool:
-        """After the write; returns True when the driver should wait for this node's reply."""
+        """After the write; returns True when the driver should wait for this node's reply.
+
+        Only a failed write (``error``) or a write behind a parked connection's
+        commands (``parked_since``) touches the books: the caller holds the
+        node's lock for those, and may skip it otherwise.
+        """
         mine = self._mine[i]
         self._mine[i] = None  # no cycle round -> entry -> round left behind
         assert mine is not None and mine in self.waiting
