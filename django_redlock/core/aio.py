@@ -629,7 +629,7 @@ class AsyncLockManager(ManagerBase):
         self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
     ) -> list[Any]:
         """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
-        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place)
+        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place, quorum=self.quorum)
         try:
             result: list[Any] = await self._perform(fan)
         except asyncio.CancelledError:

@@ -355,12 +355,13 @@ def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
     return done
 
 
-def granted_or_all(quorum: int) -> Any:
-    """A ``done`` test for votes of a call that will wait anyway: stop at a quorum of grants, or
-    once every node answered (a failed vote then needs no release on nodes not heard from)."""
+def granted_or_all(quorum: int, success: Any = is_ok) -> Any:
+    """A ``done`` test: stop at a quorum of successes, or once every node answered. For the votes
+    of a call that will wait anyway (a failed vote then needs no release on nodes not heard from),
+    and for releases (a quorum that deleted the key settles the outcome; the rest stay booked)."""
 
     def done(results: list[Any]) -> bool:
-        return None not in results or count(results) >= quorum
+        return None not in results or count(results, success) >= quorum
 
     return done
 

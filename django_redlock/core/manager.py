@@ -424,7 +424,7 @@ class LockManager(ManagerBase):
         self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
     ) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
-        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place)
+        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place, quorum=self.quorum)
         result: list[Any] = self._perform(fan)
         return result
 

@@ -106,22 +106,31 @@ def release_fan(
     place: str = "",
     only: Sequence[bool] | None = None,
     keep: tuple[int, int] | None = None,
+    quorum: int | None = None,
 ) -> Fan:
     """Release ``value`` on every node, or those marked in ``only``; leave the lines with ``place``,
     or with ``keep`` = (ticket, lifetime ms), keep the place (a call that goes on waiting).
 
     Each command goes after whatever is still pending for that value, and
-    every node it goes to owes it until a reply proves it done.
+    every node it goes to owes it until a reply proves it done. With
+    ``quorum``, the round ends once that many nodes deleted the key (the
+    outcome of a lock's release is then settled: the other replies are read
+    and booked later); otherwise it hears every node out.
     """
     command = config.release_command(resources, value, place, keep)
     key = command[3]
     return Fan(
         [command if only is None or only[i] else None for i in range(total)],
+        done=None if quorum is None else base.granted_or_all(quorum, _deleted),
         script=RELEASE,
         ordered_after_key=key,
         allow_lagging=False,
         owe=(key, value, ttl or config.max_ttl),
     )
+
+
+def _deleted(reply: Any) -> bool:
+    return reply == 1
 
 
 def acquire(

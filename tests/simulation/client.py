@@ -260,7 +260,7 @@ class SimClient:
         if call is not None:
             checker.left_line(call)
         lock.released = True
-        fan = steps.release_fan(self.config, self.total, lock.resources, lock.value, lock.ttl, lock._place)
+        fan = steps.release_fan(self.config, self.total, lock.resources, lock.value, lock.ttl, lock._place, quorum=self.quorum)
         self.fan(fan, lambda _: then())
 
     def die(self) -> None:
