@@ -248,7 +248,11 @@ async def afanout(
         block=block,
     )
     wake: list[asyncio.Future[None]] = [loop.create_future()]
-    rnd.on_reply = lambda: _wake(wake[0])
+    def on_reply() -> None:
+        if rnd.decided():  # wake the caller only when it can go on
+            _wake(wake[0])
+
+    rnd.on_reply = on_reply
     packed: dict[Any, bytes] = {}
 
     def write(i: int, aconn: AConn, since: float | None) -> None:

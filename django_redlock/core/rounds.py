@@ -398,8 +398,10 @@ class Round:
             retry = self._sources.get(command)
             if retry is None:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
-            if parked_since is not None:
-                command, retry = retry, None  # a late NOSCRIPT here would come too late to resend
+            if parked_since is not None and self.kind != ledger.RELEASE:
+                # Behind unanswered commands nobody may wait for this reply, and only a release is
+                # resent after a NOSCRIPT that nobody waits for (see NodeBooks.read): send the source.
+                command, retry = retry, None
         mine = entry_for(command, self.kind, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
@@ -473,6 +475,10 @@ class Round:
         self.results[i] = Failure(reason)
         self.changed = True
         self.books[i].drop(conn, now)
+
+    def decided(self) -> bool:
+        """True once no reply is awaited any more, or ``done`` says the outcome is certain."""
+        return not self.waiting or (self.done is not None and self.done(self.results))
 
     def wait_time(self, now: float) -> float | None:
         """How long to wait for more replies: None to stop, 0.0 to read only what is already there."""

@@ -130,7 +130,7 @@ def release_fan(
 
 
 def _deleted(reply: Any) -> bool:
-    return reply == 1
+    return bool(reply == 1)
 
 
 def acquire(
