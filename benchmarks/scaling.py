@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import ctypes
 import gc
+import hashlib
 import multiprocessing
 import os
 import platform
@@ -70,6 +71,7 @@ SERIES = {
 }
 ASYNC_SERIES = {
     "redlock_async": f"django-redlock AsyncLockManager, {REFERENCE_NODES} nodes",
+    "floor_async": f"floor, asyncio fan-out on raw sockets, {REFERENCE_NODES} nodes (every reply)",
     "redis_py_async": "redis-py asyncio Lock, 1 node",
 }
 #: The docs include the generated table file in parts, each starting at one of these comments.
@@ -402,9 +404,54 @@ def latency_section(servers: RedisServers, counts: tuple[int, ...], iterations: 
 # -- async ---------------------------------------------------------------------------------
 
 
+class AsyncFanOut(asyncio.Protocol):
+    """The asyncio floor: :class:`FanOut`'s two rounds over one protocol per node, every reply awaited."""
+
+    def __init__(self) -> None:
+        self.transports: list[asyncio.Transport] = []
+        self.owed = 0
+        self.done: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def connect(cls, ports: list[int]) -> AsyncFanOut:
+        fan = cls()
+        loop = asyncio.get_running_loop()
+        for port in ports:
+            transport, _ = await loop.create_connection(lambda: fan, "127.0.0.1", port)
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            fan.transports.append(transport)
+        await fan._round(b"*3\r\n" + bulk(b"SCRIPT", b"LOAD", RELEASE_SCRIPT))  # once, before any timing
+        sha = hashlib.sha1(RELEASE_SCRIPT).hexdigest().encode()
+        fan.set_head, fan.set_tail = b"*6\r\n" + bulk(b"SET"), bulk(TOKEN, b"NX", b"PX", b"10000")
+        fan.release_head, fan.release_tail = b"*5\r\n" + bulk(b"EVALSHA", sha, b"1"), bulk(TOKEN)
+        return fan
+
+    def data_received(self, data: bytes) -> None:
+        self.owed -= data.count(b"\n")  # a SCRIPT LOAD reply is two lines, every other reply here one
+        if self.owed <= 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    async def _round(self, wire: bytes) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+        self.owed = len(self.transports) * (2 if wire.startswith(b"*3") else 1)  # SCRIPT LOAD: a bulk string
+        for transport in self.transports:
+            transport.write(wire)
+        await self.done
+
+    async def pair(self, name: str) -> None:
+        key = bulk(name.encode())
+        await self._round(self.set_head + key + self.set_tail)
+        await self._round(self.release_head + key + self.release_tail)
+
+    def close(self) -> None:
+        for transport in self.transports:
+            transport.close()
+
+
 async def async_section(urls: list[str], single_url: str, iterations: int, warmup: int) -> dict:
     manager = AsyncLockManager(urls, ttl=10, retry_count=0, restart_window=0)
     client = aredis.Redis.from_url(single_url)
+    floor = await AsyncFanOut.connect([int(url.rsplit(":", 1)[1].split("/")[0]) for url in urls])
 
     async def ours(name: str) -> None:
         lock = await manager.acquire(name, blocking=False)
@@ -417,6 +464,7 @@ async def async_section(urls: list[str], single_url: str, iterations: int, warmu
         await lock.release()
 
     pairs: dict[Key, Callable[[str], Awaitable[None]]] = {("redlock_async", len(urls)): ours,
+                                                          ("floor_async", len(urls)): floor.pair,
                                                           ("redis_py_async", 1): theirs}
     timings = Timings()
     clock, cpu_clock = time.perf_counter, time.process_time
@@ -433,11 +481,13 @@ async def async_section(urls: list[str], single_url: str, iterations: int, warmu
             elapsed = clock() - started
             timings.add(key, counted, elapsed, cpu_clock() - cpu, error)
     finally:
+        floor.close()
         await manager.aclose()
         await client.aclose()
     result = {series: {"label": ASYNC_SERIES[series], **timings.summary((series, n))} for series, n in pairs}
     return {"nodes": len(urls), "series": result,
-            "ratio": ratio(result["redlock_async"], result["redis_py_async"])}
+            "ratio": ratio(result["redlock_async"], result["redis_py_async"]),
+            "floor_ratio": ratio(result["floor_async"], result["redis_py_async"])}
 
 
 # -- memory --------------------------------------------------------------------------------
@@ -628,7 +678,11 @@ def rst_tables(results: dict) -> str:
     for row in results["async"]["series"].values():
         lines += [f"   * - {row['label']}", f"     - {_us(row['median_us'])}", f"     - {_us(row['p99_us'])}"]
     value = results["async"]["ratio"]
-    lines += ["", f"Ratio: {value['median']:.2f} × (median), {value['p99']:.2f} × (p99).", ""]
+    lines += ["", f"Ratio: {value['median']:.2f} × (median), {value['p99']:.2f} × (p99)."]
+    if "floor_ratio" in results["async"]:
+        value = results["async"]["floor_ratio"]
+        lines += [f"The floor's own ratio: {value['median']:.2f} × (median), {value['p99']:.2f} × (p99)."]
+    lines.append("")
 
     memory = results["memory"]
     lines = parts["memory"]
@@ -701,6 +755,9 @@ def print_summary(results: dict) -> None:
         for row in results["async"]["series"].values():
             print(f"  {row['label']:44} {row['median_us']:8,.0f} {row['p99_us']:8,.0f}")
         print(f"  ratio: median {results['async']['ratio']['median']:.2f}x  p99 {results['async']['ratio']['p99']:.2f}x")
+        if "floor_ratio" in results["async"]:
+            floor = results["async"]["floor_ratio"]
+            print(f"  the floor's own ratio: median {floor['median']:.2f}x  p99 {floor['p99']:.2f}x")
     if "memory" in results:
         print("\nmemory (bytes): " + ", ".join(f"{k} {v:,.0f}" for k, v in results["memory"].items()))
     for line in failures(results):

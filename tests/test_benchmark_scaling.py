@@ -24,6 +24,7 @@ def test_scaling_quick(tmp_path):
     assert set(series) == {"redlock", "redlock_blocking", "floor_quorum", "floor_all", "redis_py"}
     assert series["redlock"]["points"]["3"]["median_us"] > 0 and series["redlock"]["fit"] is not None
     assert results["async"]["series"]["redlock_async"]["median_us"] > 0
+    assert results["async"]["series"]["floor_async"]["median_us"] > 0 and "floor_ratio" in results["async"]
     assert results["memory"]["per_lock_bytes"] > 0 and results["memory"]["manager_bytes"] > 0
     # The delay lines add a round trip; no timing targets beyond "it is there" (the machine may be busy).
     assert results["rtt"]["measured_rtt_us"] > 500
