@@ -434,6 +434,8 @@ def test_live_locks_count_the_calls_waiting_in_line(manager, servers, waiters):
     manager.acquire("idle", ttl=10)
     waiters.start(manager, "busy", 3, timeout=5)
     eventually(lambda: waiting_on(manager, "busy") == 3)
+    # A quorum shows all three; the last node may be a moment behind (each place is written to every node).
+    eventually(lambda: [e.waiting for e in {r.resource: r for r in manager.live_locks()}["busy"].entries] == [3] * 5)
     records = {r.resource: r for r in manager.live_locks()}
     assert [e.waiting for e in records["busy"].entries] == [3] * 5
     assert records["idle"].waiting == 0
