@@ -248,6 +248,7 @@ async def afanout(
         block=block,
     )
     wake: list[asyncio.Future[None]] = [loop.create_future()]
+
     def on_reply() -> None:
         if rnd.decided():  # wake the caller only when it can go on
             _wake(wake[0])

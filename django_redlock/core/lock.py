@@ -391,7 +391,10 @@ class Lock(LockBase):
     def release(self) -> bool:
         """Delete this holder's key on every node (never another holder's).
 
-        Idempotent. Returns True when a quorum of nodes still held the key.
+        Idempotent. Returns True when a quorum of nodes still held the key, as
+        soon as a quorum confirmed the deletion (or every node answered): the
+        other nodes' replies are read on their next use, and a node that does
+        not confirm owes the release until its key has surely expired.
         Never raises: a key that could not be deleted expires. When enough
         nodes answer that they no longer store this holder's value (the lock
         was force-released, expired or taken over), ``lost`` is set with a
