@@ -121,9 +121,12 @@ class AsyncNode:
     @property
     def books(self) -> NodeBooks:
         """The books of the running event loop: connections belong to one loop (and one process)."""
-        loop = asyncio.get_running_loop()
+        return self.books_for(asyncio.get_running_loop(), os.getpid())
+
+    def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks:
+        """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
         books = self._pools.get(loop)
-        if books is None or os.getpid() != self._pid:
+        if books is None or pid != self._pid:
             with self._pools_lock:
                 if os.getpid() != self._pid:
                     self._pools = weakref.WeakKeyDictionary()  # a forked child: the parent's sockets are not ours
@@ -232,7 +235,8 @@ async def afanout(
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
     now = time.monotonic()
     loop = asyncio.get_running_loop()
-    books = [anode.books for anode in anodes]  # looked up once: a loop-keyed weak mapping and a getpid()
+    pid = os.getpid()
+    books = [anode.books_for(loop, pid) for anode in anodes]  # looked up once per fan-out
     rnd = Round(
         books,
         commands,
