@@ -55,7 +55,9 @@ async def test_async_owned_asks_the_nodes(amanager, servers):
     servers[2].start()
     servers[3].start()
     assert await lock.owned() is False
-    assert lock.lost and "4 of 5" in lock.lost_reason
+    # Four nodes lack the key; the round stops once three (a quorum) said so, and counts the
+    # fourth only if its reply came with them.
+    assert lock.lost and ("3 of 5" in lock.lost_reason or "4 of 5" in lock.lost_reason), lock.lost_reason
 
 
 async def test_keep_alive_notices_a_force_release_before_the_next_extension(amanager, servers):
