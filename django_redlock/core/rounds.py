@@ -168,6 +168,13 @@ class NodeBooks:
         if self.idle:
             conn, since = self.idle.pop()
             return IDLE, conn, since
+        # None idle: queue behind replies still in flight (less than a quarter of the node timeout
+        # since the last progress) rather than open a connection: a release that ended at a quorum
+        # leaves its last replies coming. Never behind a wait in line.
+        for conn, since in self.parked.items():
+            if len(conn.expect) < MAX_PENDING and conn.quiet_until <= now and now - since < self.node_timeout / 4:
+                del self.parked[conn]
+                return PARKED, conn, since
         return NEW, None, None
 
     def connect_failed(self, reason: str, now: float) -> None:
@@ -398,9 +405,9 @@ class Round:
             retry = self._sources.get(command)
             if retry is None:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
-            if parked_since is not None and self.kind != ledger.RELEASE:
-                # Behind unanswered commands nobody may wait for this reply, and only a release is
-                # resent after a NOSCRIPT that nobody waits for (see NodeBooks.read): send the source.
+            if parked_since is not None and self.kind != ledger.RELEASE and self._queued(i, conn, parked_since, now):
+                # Nobody will wait for this reply, and only a release is resent after a NOSCRIPT
+                # that nobody waits for (see NodeBooks.read): send the source.
                 command, retry = retry, None
         mine = entry_for(command, self.kind, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
@@ -426,9 +433,7 @@ class Round:
             self.books[i].drop(conn, now)
             self.results[i] = Failure(error)
             return False
-        if parked_since is not None and (
-            self.sent_at - parked_since > self.books[i].node_timeout or conn.quiet_until > now
-        ):
+        if parked_since is not None and self._queued(i, conn, parked_since, now):
             # Ordered behind a command that is overdue, or behind a wait in line: queue it, do not wait for it.
             del self.waiting[mine]
             mine.waiter = None
@@ -436,6 +441,11 @@ class Round:
             self.results[i] = Failure("queued behind an unanswered command")
             return False
         return True
+
+    def _queued(self, i: int, conn: Any, parked_since: float, now: float) -> bool:
+        """True when a command behind ``conn``'s unanswered ones is not waited for (they are overdue,
+        or a wait in line holds them back)."""
+        return self.sent_at - parked_since > self.books[i].node_timeout or conn.quiet_until > now
 
     def start(self, now: float) -> None:
         """All writes are out: each node gets ``timeout`` from now."""

@@ -295,6 +295,50 @@ def waiter_woken_over_a_slow_network(seed: int) -> Sim:
     return sim
 
 
+def newcomer_while_the_first_in_line_is_woken(seed: int) -> Sim:
+    """B waits in line; A releases while B's wait is still on its way to the nodes; C, a new
+    blocking call, reaches them first: the lock is free there but B is first in line on every
+    node, so C must queue behind B and be granted after it (a vote that ignores the line takes
+    the lock past B). The checker's own fairness test only counts a place it saw on every node
+    before the later call began, which C's timing here does not give it: the case checks the
+    order itself."""
+    delay = 0.01  # one way, every message: the timeline below is exact
+    sim = build(seed, ttl=TTL, net=NetConfig(min_delay=delay, max_delay=delay, late_chance=0.0), share=0.0)
+    a, b, c = (SimClient(sim, name, ttl=TTL, node_timeout=0.2) for name in "abc")
+    world = sim.world
+    granted: list[str] = []
+
+    def then(client: SimClient) -> Callable[[LockBase | None], None]:
+        def got(lock: LockBase | None) -> None:
+            if lock is not None:
+                granted.append(client.name)
+                _release(client, lock)
+        return got
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        joined = world.now
+        # B's join lands at +1 delay (refused: A holds; B's place is now in every node's line), its
+        # refusal is back at +2, and its wait in line (BLPOP and vote) lands at +3.
+        _acquire(b, "r", then(b), blocking=True, timeout=3.0)
+        # A's release lands at +2.2: the lock is free and B, first in line, is woken.
+        world.at(joined + 1.2 * delay, _release, a, lock)
+        # C's join lands at +2.4, before B's wait.
+        world.at(joined + 1.4 * delay, lambda: _acquire(c, "r", then(c), blocking=True, timeout=3.0))
+
+    # First every client connects, probes and has each node load both scripts: the timeline above
+    # then holds to the message.
+    for client, warm_up in ((a, "w-a"), (b, "w-b"), (c, "w-c")):
+        world.at(START, lambda client=client, warm_up=warm_up: _acquire(
+            client, warm_up, lambda lock, client=client: lock and _release(client, lock), blocking=True, timeout=1.0))
+    world.at(START + 0.5, _acquire, a, "r", a_acquired)
+    world.run_until(START + 3.5)
+    if granted != ["b", "c"]:
+        raise Violation(f"(f) fairness: 'r' was granted in the order {granted}; b was first in line, c came later\n"
+                        f"seed={seed}\n" + "\n".join(world.trace_lines(40)))
+    return sim
+
+
 def release_after_the_lock_expired(seed: int) -> Sim:
     """A's lock expires; B takes it without waiting (no place in line); C waits in line; A's late
     release must neither delete B's key nor wake C."""
@@ -388,6 +432,9 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
     "waiter woken over a slow network": (waiter_woken_over_a_slow_network, ("wait vote's validity from the wake-up",)),
     "release after the lock expired": (release_after_the_lock_expired, ("release without comparing the value",)),
+    "newcomer while the first in line is woken": (
+        newcomer_while_the_first_in_line_is_woken, ("acquire ignores the line",),
+    ),
     "fencing a lock on several resources": (
         fencing_a_lock_on_several_resources, ("fencing token from the first member's counter",),
     ),
