@@ -253,11 +253,7 @@ async def afanout(
     )
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
-    def on_reply() -> None:
-        if rnd.decided():  # wake the caller only when it can go on
-            _wake(wake[0])
-
-    rnd.on_reply = on_reply
+    rnd.on_reply = lambda: _wake(wake[0])
     packed: dict[Any, bytes] = {}
 
     def write(i: int, aconn: AConn, since: float | None) -> None:

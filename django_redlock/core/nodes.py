@@ -598,6 +598,8 @@ class Wire(ConnState):
         return True
 
     def read_response(self) -> Any:
+        if not self._replies.pending():
+            self._fill()  # nothing buffered: the usual case after a poll said the socket is readable
         while True:
             try:
                 reply = self._replies.next()

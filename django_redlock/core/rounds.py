@@ -486,10 +486,6 @@ class Round:
         self.changed = True
         self.books[i].drop(conn, now)
 
-    def decided(self) -> bool:
-        """True once no reply is awaited any more, or ``done`` says the outcome is certain."""
-        return not self.waiting or (self.done is not None and self.done(self.results))
-
     def wait_time(self, now: float) -> float | None:
         """How long to wait for more replies: None to stop, 0.0 to read only what is already there."""
         if not self.waiting:
