@@ -47,33 +47,65 @@ def test_a_slice_is_read_in_full_and_the_count_covers_all(manager, servers):
     assert manager.lock_listing(rows=slice(LOCKS, LOCKS + 100)).records == ()
 
 
+def walk(client, pattern, reads, count=50, safe=""):
+    """Every LIST call of a walk on one node: (names, values, ttls) per call."""
+    cursor, calls = "0", []
+    while True:
+        cursor, n, *columns = client.eval(
+            LIST.source, 0, cursor, pattern, count, reads, "redlock:lock:", "redlock:places:", safe
+        )
+        columns = [c if isinstance(c, list) else (c.split(b"\0") if n else []) for c in columns]
+        assert len(columns[0]) == n
+        calls.append(columns)
+        if cursor == b"0":
+            return calls
+
+
 def test_the_script_walks_every_key_once_over_calls_that_stop_early(servers):
     fill(servers, nodes=[0])
+    keys = [f"redlock:lock:{n}".encode() for n in names()]
     with redis.Redis.from_url(servers[0].url) as client:
         client.set("unrelated", "x")
-        for read, width in (("", 1), ("1", 4)):
-            cursor, seen, calls = "0", [], 0
-            while True:
-                parts = client.eval(LIST.source, 0, cursor, "redlock:lock:*", 50, "redlock:lock:", "redlock:places:", read)
-                parts = parts.decode().split("\0")
-                seen += parts[1::width]
-                cursor, calls = parts[0], calls + 1
-                if cursor == "0":
-                    break
-            assert sorted(set(seen)) == [f"redlock:lock:{n}" for n in names()] and calls > 10
+        client.set("redlock:lock:r-00007", "not a lock", px=60_000)
+        client.zadd("redlock:lock:not-a-string", {"x": 1})
+        for reads in ("n", "v", "vt"):
+            calls = walk(client, "redlock:lock:r-*", reads)
+            found = [key for names_, _values, _ttls in calls for key in names_]
+            assert sorted(set(found)) == keys and len(calls) > 10
+            if reads != "n":
+                values = dict(zip(found, (v for _n, values, _t in calls for v in values)))
+                assert values[keys[7]] == b"not a lock" and values[keys[8]] == Holder("t8", "h", 1, "lbl", 1.0).encode().encode()
+            if reads == "vt":
+                ttls = [int(t) for _n, _v, ttls in calls for t in ttls]
+                assert len(ttls) == len(found) and 59_000 < min(ttls) <= max(ttls) <= 60_000
+        calls = walk(client, "redlock:lock:not-*", "v")
+        assert [v for _n, values, _t in calls for v in values] == [b""]  # an MGET of a zset: no value
         # A match found nowhere: each call walks at most ten SCAN pages, then hands back the cursor.
-        parts = client.eval(LIST.source, 0, "0", "redlock:lock:nothing*", 10, "redlock:lock:", "redlock:places:", "1")
-        assert parts != b"0" and b"\0" not in parts
+        cursor, n, *_ = client.eval(LIST.source, 0, "0", "redlock:lock:nothing*", 10, "vt", "redlock:lock:", "redlock:places:", "")
+        assert cursor != b"0" and n == 0
 
 
-def test_nul_bytes_in_keys_and_values_do_not_break_the_reply(manager, servers):
+def test_the_script_counts_live_places_per_line(servers):
+    with redis.Redis.from_url(servers[0].url) as client:
+        now = int(client.time()[0]) * 1000
+        client.zadd("redlock:places:busy", {"a": now + 60_000, "b": now + 60_000, "gone": now - 1})
+        client.zadd("redlock:places:over", {"gone": now - 1})
+        calls = walk(client, "redlock:places:*", "w")
+        found = {key: int(count) for names_, counts, _ in calls for key, count in zip(names_, counts)}
+        assert found == {b"redlock:lock:busy": 2}
+
+
+def test_nul_bytes_in_keys_and_values_are_read_exactly(manager, servers):
     fill(servers, count=3)
     for server in servers:
         with redis.Redis.from_url(server.url) as client:
             client.set("redlock:lock:a\0b", "odd\0value", px=60_000)
     records = {r.resource: r for r in manager.live_locks()}
-    assert sorted(records) == ["a\ufffdb", *names(3)]
-    assert records["a\ufffdb"].holder == Holder("odd\ufffdvalue") and records["r-00002"].nodes_holding == 5
+    assert sorted(records) == ["a\0b", *names(3)]
+    assert records["a\0b"].holder == Holder("odd\0value") and records["r-00002"].nodes_holding == 5
+    page = manager.lock_listing(rows=slice(0, 2))
+    assert [r.resource for r in page.records] == ["a\0b", "r-00000"] and page.count == 4
+    assert manager.lock_record("a\0b").holder == Holder("odd\0value")
 
 
 def test_split_and_minority_copies(manager, servers):
