@@ -106,42 +106,33 @@ def _read(scan: Scan) -> Step:
 
 
 class Reads:
-    """What one node told about lock keys: in the order read, each key's value (``""`` when only its
-    name was read) and ttl ms (0 when not read); and the live places in each line.
+    """What one node told about lock keys: each key it holds as a lock, with its value (``""`` when only
+    names were read) and its ttl ms (when read); and the live places in each line.
     """
 
-    __slots__ = ("names", "values", "pttls", "lives", "_index")
+    __slots__ = ("values", "pttls", "lives")
 
     def __init__(self) -> None:
-        self.names: list[str] = []
-        self.values: list[str] = []
-        self.pttls: list[int] = []
+        self.values: dict[str, str] = {}
+        self.pttls: dict[str, int] = {}
         self.lives: dict[str, int] = {}
-        self._index: dict[str, int] | None = None
 
-    def add(self, names: list[str], values: list[str], pttls: list[int]) -> None:
-        self.names += names
-        self.values += values
-        self.pttls += pttls
-
-    @property
-    def index(self) -> dict[str, int]:
-        """Where each key held as a lock was read (SCAN may return a key twice: the later reading wins)."""
-        if self._index is None:
-            self._index = dict(zip(self.names, range(len(self.names))))
-            if "" in self.values and any(self.values):  # not a string: no copy of a lock
-                self._index = {name: i for name, i in self._index.items() if self.values[i]}
-        return self._index
+    def add(self, names: list[str], values: list[str] | None, pttls: list[int] | None) -> None:
+        # SCAN may return a key twice: the later reading wins.
+        self.values.update(dict.fromkeys(names, "") if values is None else zip(names, values))
+        if pttls is not None:
+            self.pttls.update(zip(names, pttls))
+        if values is not None and "" in values:  # not a string: no copy of a lock
+            for name, value in zip(names, values):
+                if not value:
+                    del self.values[name]
 
     def column(self, keys: Sequence[str]) -> tuple[Iterable[str | None], Iterable[int]]:
-        """The value (None where the node holds no copy) and ttl of each key."""
-        index = self.index
-        if not index:
+        """The value (None where the node holds no copy) and ttl (0 when not read) of each key."""
+        if not self.values:
             return itertools.repeat(None), itertools.repeat(0)
-        at = list(map(index.get, keys))
-        if None not in at:
-            return map(self.values.__getitem__, at), map(self.pttls.__getitem__, at)  # type: ignore[arg-type]
-        return [self.values[i] if i is not None else None for i in at], [self.pttls[i] if i is not None else 0 for i in at]
+        pttls = map(self.pttls.get, keys, itertools.repeat(0)) if self.pttls else itertools.repeat(0)
+        return map(self.values.get, keys), pttls
 
 
 class Scan:
@@ -176,7 +167,7 @@ class Scan:
         self.quorum = quorum
         self.rows = rows
         self.head, _, places_head = config.line_keys("")
-        reads, lines = ("vt", True) if rows is None else self.order[:2]
+        reads, lines = ("vt", True) if rows is None else (self.order.reads, self.order.lines)
         self.walks = [(config.pattern(self.head, match), reads)]
         if lines:
             self.walks.append((config.pattern(places_head, match), "w"))
@@ -237,14 +228,12 @@ class Scan:
         count = len(names)
         if reads == "w":
             node.lives.update(zip(names, _numbers(values, count)))
-            return
-        if reads in ("n", "t"):
-            values = [""] * count
-        node.add(names, values, _numbers(ttls, count) if "t" in reads else [0] * count)
+        else:
+            node.add(names, values if "v" in reads else None, _numbers(ttls, count) if "t" in reads else None)
 
     def keys(self) -> list[str]:
         """Every lock key some node holds, in resource order."""
-        return sorted(set().union(*(node.index for node in self.reads)))
+        return sorted(set().union(*(node.values for node in self.reads)))
 
     def inspect_commands(self) -> list[tuple[Any, ...] | None]:
         """After a walk for ``rows``: pick the rows in the order asked, and INSPECT their keys on every node that answered."""
@@ -260,14 +249,17 @@ class Scan:
         return [command if node.name not in self.down else None for node in self.nodes]
 
     def sorted(self, keys: list[str]) -> list[str]:
-        """``keys`` in the order asked, from the figures the walk read (ties stay in resource order)."""
-        order, quorum = self.order, self.quorum
+        """``keys`` in the order asked, from what the walk read."""
         rows = list(self.copies(keys, self.reads))
-        ranks = [order.key(values, pttls, lives, quorum) for _key, _nodes, values, pttls, lives in rows]
+        return [rows[i][0] for i in self.ranked([row[2:] for row in rows])]
+
+    def ranked(self, copies: Sequence[tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]) -> list[int]:
+        """The positions of locks (their values, ttls and live places) in the order asked; ties keep their place."""
+        order = self.order
+        ranks = [order.key(values, pttls, lives, self.quorum) for values, pttls, lives in copies]
         if order.by_holder is not None:
             ranks = list(map(order.by_holder, Holder.decode_many(ranks)))
-        at = sorted(range(len(rows)), key=ranks.__getitem__, reverse=self.descending)
-        return [rows[i][0] for i in at]
+        return sorted(range(len(ranks)), key=ranks.__getitem__, reverse=self.descending)
 
     def take_inspected(self, commands: Sequence[Any], replies: Sequence[Any]) -> None:
         keys = self.page
@@ -278,9 +270,7 @@ class Scan:
             node = self.reads[i]
             tail = reply[2 * len(keys)]  # (1-based index, live places) for keys with a line
             node.lives = {keys[j - 1]: live for j, live in zip(tail[::2], tail[1::2])}
-            held = [j for j in range(len(keys)) if reply[2 * j]]
-            values = [reply[2 * j] for j in held]
-            node.add([keys[j] for j in held], _texts(values, len(values)), [reply[2 * j + 1] for j in held])
+            node.add(keys, _texts(reply[: 2 * len(keys) : 2], len(keys)), reply[1 : 2 * len(keys) : 2])
 
     def listing(self) -> LockListing:
         """The records read: every one in the order asked, or the rows' (``count`` still tells how many there are)."""
@@ -288,7 +278,7 @@ class Scan:
             records = self.records(self.keys(), self.reads)
             read_holders(records)  # a full listing shows every holder
             if not self.by_resource:
-                records.sort(key=self.order.key, reverse=self.descending)
+                records = [records[i] for i in self.ranked([(r.values, r.pttls, r.lives) for r in records])]
             elif self.descending:
                 records.reverse()
             return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, len(records))
@@ -317,21 +307,29 @@ class Scan:
                 continue
             held = [i for i, value in enumerate(copies) if value is not None]  # some nodes lack the key (or are down)
             if held:
-                yield key, *(tuple(column[i] for i in held) for column in (names, copies, ttls, lives))  # type: ignore[misc]
+                yield (
+                    key,
+                    tuple(names[i] for i in held),
+                    tuple(copies[i] for i in held),
+                    tuple(ttls[i] for i in held),
+                    tuple(lives[i] for i in held),
+                )
 
 
 def _lives(keys: Sequence[str], found: Sequence[dict[str, int]]) -> Iterator[tuple[int, ...]]:
     """Each key's live places in line on every node (0 where it has none)."""
-    if not any(found):
-        return itertools.repeat((0,) * len(found))
-    zero = itertools.repeat(0)
-    return zip(*[map(lives.get, keys, zero) for lives in found])
+    none = (0,) * len(found)
+    lines = set().union(*found)  # the few resources anyone waits for
+    if not lines:
+        return itertools.repeat(none)
+    waiting = {key: tuple(lives.get(key, 0) for lives in found) for key in lines}
+    return map(waiting.get, keys, itertools.repeat(none))
 
 
 def _texts(raw: Any, count: int) -> list[str]:
-    """A column of LIST's reply of ``count`` keys as text: a NUL-separated string, or an array (a safe reply)."""
+    """A column of ``count`` texts: a NUL-separated string, or an array (a safe reply; nil is ``""``)."""
     if isinstance(raw, list):
-        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in raw]
+        return ["" if item is None else item.decode("utf-8", "replace") if isinstance(item, bytes) else item for item in raw]
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     return text.split("\0") if count else []
 

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -30,7 +30,7 @@ def _json(value: object) -> str:
 
 
 #: Parses one JSON value at an offset: json.loads without its argument checks and whitespace scans.
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -267,7 +267,7 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class LockListing:
-    """The live locks (all, or a slice of them in resource order), and the nodes whose keys could not be read (name -> why)."""
+    """The live locks (all, or the rows asked, in the order asked), and the nodes whose keys could not be read (name -> why)."""
 
     records: tuple[LockRecord, ...]
     down: dict[str, str]

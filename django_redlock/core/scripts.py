@@ -273,11 +273,12 @@ LIST = Script(
     "list",
     _LIVE
     + """
+local call = redis.call
 local cursor, wanted, fields = ARGV[1], tonumber(ARGV[3]), ARGV[4]
 local cut = #ARGV[6] + 1
 local names, values, ttls, n, found = {}, {}, {}, 0, 0
 for _ = 1, 10 do
-    local page = redis.call('scan', cursor, 'match', ARGV[2], 'count', wanted)
+    local page = call('scan', cursor, 'match', ARGV[2], 'count', wanted)
     cursor = page[1]
     local keys = page[2]
     if fields == 'w' then
@@ -294,17 +295,17 @@ for _ = 1, 10 do
             n = n + 1
             names[n] = key
             if fields == 't' then
-                ttls[n] = redis.call('pttl', key)
+                ttls[n] = call('pttl', key)
             end
         end
     elseif #keys > 0 then
-        local read = redis.call('mget', unpack(keys))
+        local read = call('mget', unpack(keys))  -- a page of COUNT 1000 keys: far below unpack's limit
         for i, key in ipairs(keys) do
             n = n + 1
             names[n] = key
             values[n] = read[i] or ''
             if fields == 'vt' then
-                ttls[n] = redis.call('pttl', key)
+                ttls[n] = call('pttl', key)
             end
         end
     end
