@@ -593,11 +593,13 @@ class AsyncLockManager(ManagerBase):
         self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
     ) -> LockListing:
         """Async version of :meth:`LockManager.lock_listing`."""
-        return cast(LockListing, await self._run(read_listing(self.config, self.node_list, self.quorum, match, rows, order)))
+        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+        return cast(LockListing, await self._run(step))
 
     async def lock_record(self, resource: str) -> LockRecord | None:
         """Async version of :meth:`LockManager.lock_record`."""
-        return cast("LockRecord | None", await self._run(read_record(self.config, self.node_list, self.quorum, resource)))
+        step = read_record(self.config, self.node_list, self.quorum, resource)
+        return cast("LockRecord | None", await self._run(step))
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)

@@ -32,9 +32,9 @@ ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
 
 
-#: A lock's copies, as an order sees them: values, ttls (ms) and live places, one per node holding
-#: its key; then the quorum.
-Copies = Callable[[tuple[str, ...], tuple[int, ...], tuple[int, ...], int], Any]
+#: A sort key: from a lock's copies (values, ttls ms and live places, one per node holding its key)
+#: and the quorum.
+SortKey = Callable[[tuple[str, ...], tuple[int, ...], tuple[int, ...], int], Any]
 
 
 class Order(NamedTuple):
@@ -44,8 +44,7 @@ class Order(NamedTuple):
     reads: str
     #: Whether the waiting lines are walked too (for the calls waiting).
     lines: bool
-    #: The sort key of a lock, from its copies.
-    key: Copies
+    key: SortKey
     #: For an order by holder: ``key`` gives the main holder's value, and this the sort key of the
     #: holder it decodes to (all are decoded at once).
     by_holder: Callable[[Holder], Any] | None = None
@@ -61,7 +60,9 @@ def _main_value(values: tuple[str, ...], pttls: tuple[int, ...], lives: tuple[in
 #: ttl of its keys, whoever holds them (its ``ttl`` unless its copies disagree).
 ORDERS: dict[str, Order] = {
     "resource": Order("n", False, lambda values, pttls, lives, quorum: None),  # the keys' own order
-    "state": Order("v", False, lambda values, pttls, lives, quorum: state_of(len(main_copies(values)), len(values), quorum)),
+    "state": Order(
+        "v", False, lambda values, pttls, lives, quorum: state_of(len(main_copies(values)), len(values), quorum)
+    ),
     "nodes_holding": Order("v", False, lambda values, pttls, lives, quorum: len(main_copies(values))),
     "ttl": Order("t", False, lambda values, pttls, lives, quorum: ttl_of(pttls, quorum)),
     "waiting": Order("n", True, lambda values, pttls, lives, quorum: waiting_of(lives, quorum)),
@@ -236,7 +237,7 @@ class Scan:
         return sorted(set().union(*(node.values for node in self.reads)))
 
     def inspect_commands(self) -> list[tuple[Any, ...] | None]:
-        """After a walk for ``rows``: pick the rows in the order asked, and INSPECT their keys on every node that answered."""
+        """After a walk for ``rows``: pick the rows in the order asked; INSPECT their keys on every node that answered."""
         if self.rows is not None:
             keys = self.keys()
             self.count = len(keys)
@@ -329,7 +330,7 @@ def _lives(keys: Sequence[str], found: Sequence[dict[str, int]]) -> Iterator[tup
 def _texts(raw: Any, count: int) -> list[str]:
     """A column of ``count`` texts: a NUL-separated string, or an array (a safe reply; nil is ``""``)."""
     if isinstance(raw, list):
-        return ["" if item is None else item.decode("utf-8", "replace") if isinstance(item, bytes) else item for item in raw]
+        return ["" if i is None else i.decode("utf-8", "replace") if isinstance(i, bytes) else i for i in raw]
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     return text.split("\0") if count else []
 

@@ -384,7 +384,8 @@ class LockManager(ManagerBase):
         resource order), and the listing's ``count`` still tells how many
         resources there are.
         """
-        return cast(LockListing, steps.run_sync(read_listing(self.config, self.node_list, self.quorum, match, rows, order), self._perform))
+        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+        return cast(LockListing, steps.run_sync(step, self._perform))
 
     def lock_record(self, resource: str) -> LockRecord | None:
         """The record of ``resource`` (None when no node holds its key), reading that one key on every node.
@@ -392,7 +393,8 @@ class LockManager(ManagerBase):
         ``resource`` may be any name, even one ``acquire()`` would refuse (a
         key written by something else): it is only read.
         """
-        return cast("LockRecord | None", steps.run_sync(read_record(self.config, self.node_list, self.quorum, resource), self._perform))
+        step = read_record(self.config, self.node_list, self.quorum, resource)
+        return cast("LockRecord | None", steps.run_sync(step, self._perform))
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         """Ask every node for INFO; a node that does not answer is reported, not raised."""

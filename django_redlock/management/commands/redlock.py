@@ -74,7 +74,8 @@ class Command(BaseCommand):
         }
         lines = [f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"]
         lines += [
-            f"{r.resource:<{width}}  {states[r.state]}  {f'{r.nodes_holding}/{r.total}':>5}  {r.ttl:>7.1f}s  {r.waiting:>7}  {r.holder}"
+            f"{r.resource:<{width}}  {states[r.state]}  {f'{r.nodes_holding}/{r.total}':>5}  "
+            f"{r.ttl:>7.1f}s  {r.waiting:>7}  {r.holder}"
             for r in records
         ]
         return "\n".join(lines)
