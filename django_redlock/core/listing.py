@@ -242,14 +242,14 @@ class Scan:
             keys = self.keys()
             self.count = len(keys)
             if not self.by_resource:
-                keys = self.sorted(keys)
+                keys = self.in_order(keys)
             elif self.descending:
                 keys.reverse()
             self.page = keys[self.rows(self.count) if callable(self.rows) else self.rows]
         command = self.config.inspect_command(self.page) if self.page else None
         return [command if node.name not in self.down else None for node in self.nodes]
 
-    def sorted(self, keys: list[str]) -> list[str]:
+    def in_order(self, keys: list[str]) -> list[str]:
         """``keys`` in the order asked, from what the walk read."""
         rows = list(self.copies(keys, self.reads))
         return [rows[i][0] for i in self.ranked([row[2:] for row in rows])]
