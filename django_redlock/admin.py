@@ -26,24 +26,17 @@ from django_redlock.core.records import STATE_WORDS
 from django_redlock.models import Lock
 
 PER_PAGE = 100
-SORTS = {
-    "resource": lambda r: r.resource,
-    "state": lambda r: r.state,
-    "nodes": lambda r: r.nodes_holding,
-    "ttl": lambda r: r.ttl,
-    "waiting": lambda r: r.waiting,
-    "holder": lambda r: str(r.holder or ""),
-    "acquired": lambda r: (r.holder.acquired_at or 0) if r.holder else 0,
-}
+#: The change list's columns: name (the ``o`` parameter sorts by it), heading, and the listing's order.
 COLUMNS = [
-    ("resource", _("Resource")),
-    ("holder", _("Holder")),
-    ("acquired", _("Acquired")),
-    ("ttl", _("TTL left")),
-    ("nodes", _("Nodes")),
-    ("waiting", _("Waiting")),
-    ("state", _("State")),
+    ("resource", _("Resource"), "resource"),
+    ("holder", _("Holder"), "holder"),
+    ("acquired", _("Acquired"), "acquired_at"),
+    ("ttl", _("TTL left"), "ttl"),
+    ("nodes", _("Nodes"), "nodes_holding"),
+    ("waiting", _("Waiting"), "waiting"),
+    ("state", _("State"), "state"),
 ]
+ORDERS = {name: order for name, _label, order in COLUMNS}
 
 
 def _manager() -> Any:
@@ -100,7 +93,7 @@ class LockAdmin(_ModelAdmin):
         query = request.GET.get("q", "").strip()
         order = request.GET.get("o", "resource")
         field = order.lstrip("-")
-        if field not in SORTS:
+        if field not in ORDERS:
             order, field = "resource", "resource"
         started = time.perf_counter()
         error = None
@@ -125,7 +118,7 @@ class LockAdmin(_ModelAdmin):
                 "descending": order.startswith("-"),
                 "toggle": ("" if order.startswith("-") or field != name else "-") + name,
             }
-            for name, label in COLUMNS
+            for name, label, _order in COLUMNS
         ]
         context = self._context(
             request,
@@ -149,9 +142,7 @@ class LockAdmin(_ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         resource = request.GET.get("resource", "")
-        record = None
-        if resource:
-            record = next((r for r in _manager().live_locks(match=resource) if r.resource == resource), None)
+        record = _manager().lock_record(resource) if resource else None
         context = self._context(
             request,
             _("Lock %(resource)s") % {"resource": resource},
@@ -211,29 +202,21 @@ def _read(
 ) -> tuple[list[Any], Paginator[Any], Any, dict[str, str]]:
     """The records of the asked page (in ``order``), its paginator and page, and the nodes that did not answer.
 
-    In resource order (the default) only that page's keys are read in full;
-    any other order reads every lock to sort them.
+    One reading: the walk reads of every lock only what the order sorts by,
+    then the page's locks in full; a page past the end is the last one.
     """
-    field, descending = order.lstrip("-"), order.startswith("-")
-    if field != "resource":
-        listing = manager.lock_listing(match)
-        records = sorted(listing.records, key=SORTS[field], reverse=descending)
-        paginator = Paginator(records, PER_PAGE)
+    pages: list[tuple[Paginator[Any], Any]] = []
+
+    def rows(count: int) -> slice:
+        paginator = Paginator(range(count), PER_PAGE)
         page = paginator.get_page(number)
-        return list(page.object_list), paginator, page, listing.down
-    try:
-        wanted = max(1, int(number))
-    except (TypeError, ValueError):
-        wanted = 1
-    while True:
-        start, stop = (wanted - 1) * PER_PAGE, wanted * PER_PAGE
-        listing = manager.lock_listing(match, rows=slice(-stop, -start or None) if descending else slice(start, stop))
-        paginator = Paginator(range(listing.count), PER_PAGE)
-        page = paginator.get_page(wanted)
-        if page.number == wanted:  # else past the end: read the last page
-            records = list(reversed(listing.records)) if descending else list(listing.records)
-            return records, paginator, page, listing.down
-        wanted = page.number
+        pages.append((paginator, page))
+        return slice((page.number - 1) * PER_PAGE, page.number * PER_PAGE)
+
+    descending = "-" if order.startswith("-") else ""
+    listing = manager.lock_listing(match, rows=rows, order=descending + ORDERS[order.lstrip("-")])
+    paginator, page = pages[0]
+    return list(listing.records), paginator, page, listing.down
 
 
 def _when(timestamp: float | None) -> datetime | None:

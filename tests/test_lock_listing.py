@@ -1,4 +1,4 @@
-"""Listing live locks at scale: the LIST script's pages, reading only a slice, odd keys, nodes down."""
+"""Listing live locks at scale: the LIST script's pages, reading only a slice in any order, one lock alone, odd keys, nodes down."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import redis
 from django.test import Client
 from django.urls import reverse
 
+from django_redlock.core.listing import ORDERS
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import LIST
 
@@ -47,33 +48,65 @@ def test_a_slice_is_read_in_full_and_the_count_covers_all(manager, servers):
     assert manager.lock_listing(rows=slice(LOCKS, LOCKS + 100)).records == ()
 
 
+def walk(client, pattern, reads, count=50, safe=""):
+    """Every LIST call of a walk on one node: (names, values, ttls) per call."""
+    cursor, calls = "0", []
+    while True:
+        cursor, n, *columns = client.eval(
+            LIST.source, 0, cursor, pattern, count, reads, "redlock:lock:", "redlock:places:", safe
+        )
+        columns = [c if isinstance(c, list) else (c.split(b"\0") if n else []) for c in columns]
+        assert len(columns[0]) == n
+        calls.append(columns)
+        if cursor == b"0":
+            return calls
+
+
 def test_the_script_walks_every_key_once_over_calls_that_stop_early(servers):
     fill(servers, nodes=[0])
+    keys = [f"redlock:lock:{n}".encode() for n in names()]
     with redis.Redis.from_url(servers[0].url) as client:
         client.set("unrelated", "x")
-        for read, width in (("", 1), ("1", 4)):
-            cursor, seen, calls = "0", [], 0
-            while True:
-                parts = client.eval(LIST.source, 0, cursor, "redlock:lock:*", 50, "redlock:lock:", "redlock:places:", read)
-                parts = parts.decode().split("\0")
-                seen += parts[1::width]
-                cursor, calls = parts[0], calls + 1
-                if cursor == "0":
-                    break
-            assert sorted(set(seen)) == [f"redlock:lock:{n}" for n in names()] and calls > 10
+        client.set("redlock:lock:r-00007", "not a lock", px=60_000)
+        client.zadd("redlock:lock:not-a-string", {"x": 1})
+        for reads in ("n", "v", "t", "vt"):
+            calls = walk(client, "redlock:lock:r-*", reads)
+            found = [key for names_, _values, _ttls in calls for key in names_]
+            assert sorted(set(found)) == keys and len(calls) > 10
+            if "v" in reads:
+                values = dict(zip(found, (v for _n, values, _t in calls for v in values)))
+                assert values[keys[7]] == b"not a lock" and values[keys[8]] == Holder("t8", "h", 1, "lbl", 1.0).encode().encode()
+            if "t" in reads:
+                ttls = [int(t) for _n, _v, ttls in calls for t in ttls]
+                assert len(ttls) == len(found) and 59_000 < min(ttls) <= max(ttls) <= 60_000
+        calls = walk(client, "redlock:lock:not-*", "v")
+        assert [v for _n, values, _t in calls for v in values] == [b""]  # an MGET of a zset: no value
         # A match found nowhere: each call walks at most ten SCAN pages, then hands back the cursor.
-        parts = client.eval(LIST.source, 0, "0", "redlock:lock:nothing*", 10, "redlock:lock:", "redlock:places:", "1")
-        assert parts != b"0" and b"\0" not in parts
+        cursor, n, *_ = client.eval(LIST.source, 0, "0", "redlock:lock:nothing*", 10, "vt", "redlock:lock:", "redlock:places:", "")
+        assert cursor != b"0" and n == 0
 
 
-def test_nul_bytes_in_keys_and_values_do_not_break_the_reply(manager, servers):
+def test_the_script_counts_live_places_per_line(servers):
+    with redis.Redis.from_url(servers[0].url) as client:
+        now = int(client.time()[0]) * 1000
+        client.zadd("redlock:places:busy", {"a": now + 60_000, "b": now + 60_000, "gone": now - 1})
+        client.zadd("redlock:places:over", {"gone": now - 1})
+        calls = walk(client, "redlock:places:*", "w")
+        found = {key: int(count) for names_, counts, _ in calls for key, count in zip(names_, counts)}
+        assert found == {b"redlock:lock:busy": 2}
+
+
+def test_nul_bytes_in_keys_and_values_are_read_exactly(manager, servers):
     fill(servers, count=3)
     for server in servers:
         with redis.Redis.from_url(server.url) as client:
             client.set("redlock:lock:a\0b", "odd\0value", px=60_000)
     records = {r.resource: r for r in manager.live_locks()}
-    assert sorted(records) == ["a\ufffdb", *names(3)]
-    assert records["a\ufffdb"].holder == Holder("odd\ufffdvalue") and records["r-00002"].nodes_holding == 5
+    assert sorted(records) == ["a\0b", *names(3)]
+    assert records["a\0b"].holder == Holder("odd\0value") and records["r-00002"].nodes_holding == 5
+    page = manager.lock_listing(rows=slice(0, 2))
+    assert [r.resource for r in page.records] == ["a\0b", "r-00000"] and page.count == 4
+    assert manager.lock_record("a\0b").holder == Holder("odd\0value")
 
 
 def test_split_and_minority_copies(manager, servers):
@@ -83,6 +116,114 @@ def test_split_and_minority_copies(manager, servers):
     assert split.state == "split" and split.holder == Holder("one") and split.nodes_holding == 2
     assert [e.holder.token for e in split.entries] == ["one", "one", "two", "two"]
     assert minority.state == "minority" and minority.nodes_holding == 2 and len(minority.entries) == 2
+
+
+def varied(servers):
+    """Thirty locks with different ttls, holders and acquisition times, two of them with calls in
+    line, a minority left-over and a split lock. Returns the resources in resource order."""
+    for n, server in enumerate(servers):
+        with redis.Redis.from_url(server.url) as client:
+            pipe = client.pipeline(transaction=False)
+            for i in range(30):
+                holder = Holder(f"t{i}", f"host-{i % 3}", 100 + i % 4, f"label-{i % 5}", 1000.0 + (i * 13) % 30)
+                pipe.set(f"redlock:lock:r-{i:02d}", holder.encode(), ex=100 + (i * 7) % 30 * 10)
+            if n < 2:
+                pipe.set("redlock:lock:m-left", Holder("gone", "h", 1).encode(), ex=500)
+            if n < 4:  # one holder on nodes 0 and 1 (for 600 s), another on 2 and 3 (50 s)
+                pipe.set("redlock:lock:s-split", Holder("ab"[n // 2], "h", n).encode(), ex=(600, 50)[n // 2] + n % 2)
+            now = int(client.time()[0]) * 1000
+            for resource, places in (("r-03", 2), ("r-11", 1)):
+                pipe.zadd(f"redlock:places:{resource}", {f"p{k}": now + 60_000 for k in range(places)})
+            pipe.execute()
+    return ["m-left", *[f"r-{i:02d}" for i in range(30)], "s-split"]
+
+
+#: What each order sorts by, worked out here from the full listing's records. By ttl: the quorum-th
+#: longest of all the keys, whoever holds them (the record's own ttl counts its main holder's only).
+BY = {
+    "resource": lambda r: r.resource,
+    "state": lambda r: r.state,
+    "nodes_holding": lambda r: r.nodes_holding,
+    "ttl": lambda r: sorted(r.pttls)[-3] if len(r.pttls) >= 3 else max(r.pttls),
+    "waiting": lambda r: r.waiting,
+    "holder": lambda r: str(r.holder),
+    "acquired_at": lambda r: r.holder.acquired_at or 0,
+}
+
+
+@pytest.mark.parametrize("order", [*ORDERS, *(f"-{o}" for o in ORDERS)])
+def test_each_order_reads_just_the_rows_asked_as_the_full_listing_sorts_them(manager, servers, order):
+    resources = varied(servers)
+    full = manager.lock_listing()
+    assert [r.resource for r in full.records] == resources
+    split = next(r for r in full.records if r.state == "split")
+    assert split.ttl == pytest.approx(601, abs=1) and split.nodes_holding == 2 and split.holder.token == "a"
+    expected = [r.resource for r in sorted(full.records, key=BY[order.lstrip("-")], reverse=order.startswith("-"))]
+    page = manager.lock_listing(rows=slice(0, 12), order=order)
+    assert [r.resource for r in page.records] == expected[:12] and page.count == 32
+    assert [r.resource for r in manager.lock_listing(order=order).records] == expected
+    last = manager.lock_listing(rows=lambda count: slice(count - 5, count), order=order)
+    assert [r.resource for r in last.records] == expected[-5:]
+    shown, listed = page.records[0], next(r for r in full.records if r.resource == expected[0])
+    assert (shown.state, shown.nodes, shown.values, shown.lives) == (listed.state, listed.nodes, listed.values, listed.lives)
+
+
+def test_an_unknown_order_is_refused(manager):
+    with pytest.raises(ValueError, match="order must be one of resource, state"):
+        manager.lock_listing(order="size")
+
+
+def commandstats(server, command):
+    with redis.Redis.from_url(server.url) as client:
+        return client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_rows_asked_by_a_function_of_the_count_are_read_in_one_walk(manager, servers):
+    fill(servers, count=250)
+    asked = []
+
+    def last_page(count):
+        asked.append(count)
+        return slice((count - 1) // 100 * 100, count)
+
+    before = commandstats(servers[0], "evalsha")
+    listing = manager.lock_listing(rows=last_page)
+    assert asked == [250] and [r.resource for r in listing.records] == names(250)[200:]
+    assert commandstats(servers[0], "evalsha") - before == 2  # one LIST call, one INSPECT
+
+
+def test_one_lock_is_read_alone_from_its_key(manager, servers):
+    varied(servers)
+    full = {r.resource: r for r in manager.lock_listing().records}
+    scans = commandstats(servers[0], "scan")
+    for resource in ("r-03", "m-left", "s-split"):
+        record, listed = manager.lock_record(resource), full[resource]
+        assert record.ttl == pytest.approx(listed.ttl, abs=0.5) and record.entries[0].holder == listed.entries[0].holder
+        assert (record.state, record.nodes_holding, record.waiting, record.nodes, record.values) == (
+            listed.state, listed.nodes_holding, listed.waiting, listed.nodes, listed.values
+        )
+    assert manager.lock_record("nobody") is None and commandstats(servers[0], "scan") == scans
+    with pytest.raises(ValueError):
+        manager.lock_record("")
+
+
+def test_holders_decoded_together_are_those_decoded_one_by_one():
+    values = [
+        Holder("abc", "host", 12, "label \u00e9", 1.5, 3).encode(),
+        Holder("x y", None, None, None, None).encode(),
+        '{"t": "spaced"}',
+        ' {"t":"lead"}',
+        '{"t":"trail"} ',
+        '{"t":1}',
+        '{"h":"no token"}',
+        '["t"]',
+        '"t"',
+        "not json",
+        '{"t":"a","p":true,"a":"1","l":3,"n":2}',
+        '{"t":"x"}{"t":"y"}',
+        "NaN",
+    ]
+    assert Holder.decode_many(values) == [Holder.decode(v) for v in values]
 
 
 @pytest.mark.parametrize("rows", [None, slice(0, 100)])
@@ -106,6 +247,10 @@ async def test_async_listing_reads_a_slice(servers):
         listing = await amanager.lock_listing(rows=slice(100, 200))
         assert [r.resource for r in listing.records] == names()[100:200] and listing.count == LOCKS
         assert len((await amanager.lock_listing()).records) == LOCKS
+        record = await amanager.lock_record("r-00007")
+        assert record.holder == Holder("t7", "h", 1, "lbl", 1.0) and record.nodes_holding == 5
+        ordered = await amanager.lock_listing(rows=slice(0, 3), order="-resource")
+        assert [r.resource for r in ordered.records] == names()[-1:-4:-1]
 
 
 @pytest.mark.django_db
@@ -130,3 +275,33 @@ def test_admin_pages_through_many_locks_in_either_order(servers, admin_user):
     assert shown(q="r-0123")[1] == names()[1230:1240]
     page, rows = shown(o="ttl")
     assert len(rows) == 100 and f"{LOCKS} locks" in page
+    walks = commandstats(servers[0], "evalsha")
+    shown(p="99")
+    assert commandstats(servers[0], "evalsha") - walks == 4  # three LIST calls and one INSPECT: one reading
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redlock_settings")
+@pytest.mark.parametrize("column", ["resource", "holder", "acquired", "ttl", "nodes", "waiting", "state"])
+def test_admin_sorts_every_column_both_ways_as_the_listing_does(servers, admin_user, manager, column):
+    varied(servers)
+    client = Client()
+    client.force_login(admin_user)
+    order = {"acquired": "acquired_at", "nodes": "nodes_holding"}.get(column, column)
+    for sign in ("", "-"):
+        page = client.get(reverse("admin:django_redlock_lock_changelist"), {"o": sign + column}).content.decode()
+        expected = [r.resource for r in manager.lock_listing(order=sign + order).records]
+        shown = sorted(expected, key=lambda resource: page.index(f">{resource}</a>"))
+        assert shown == expected and "32 locks" in page
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redlock_settings")
+def test_admin_detail_reads_its_one_key(servers, admin_user):
+    varied(servers)
+    client = Client()
+    client.force_login(admin_user)
+    scans = commandstats(servers[0], "scan")
+    page = client.get(reverse("admin:django_redlock_lock_detail"), {"resource": "s-split"}).content.decode()
+    assert "Held on 2 of 5 nodes (split between holders)" in page and all(f"<td>h:{n}</td>" in page for n in (1, 2, 3))
+    assert page.count("<td>h:") == 4 and commandstats(servers[0], "scan") == scans  # one row a node holding it

@@ -6,9 +6,12 @@ import json
 from io import StringIO
 
 import pytest
+import redis
 from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
+from django_redlock.core.records import Holder
+from django_redlock.management.commands.redlock import listing_json
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
@@ -140,3 +143,54 @@ def test_status_reports_the_timeout_it_used_and_json_types(servers):
     assert all(isinstance(v, bool) for k, v in up["persistence"].items() if k != "appendfsync")
     assert isinstance(up["votes"], bool) and isinstance(up["latency_ms"], float)
     assert data["nodes"][3]["error"] == "no reply within 300 ms"
+
+
+def expected_json(records):
+    """``redlock list --json`` as json.dumps writes the listing's records, one a line."""
+
+    def holder(h):
+        return h and {"token": h.token, "host": h.host, "pid": h.pid, "label": h.label, "acquired_at": h.acquired_at}
+
+    return "[\n  " + ",\n  ".join(
+        json.dumps(
+            {
+                "resource": r.resource,
+                "key": r.key,
+                "state": r.state,
+                "nodes_holding": r.nodes_holding,
+                "total": r.total,
+                "ttl": r.ttl,
+                "waiting": r.waiting,
+                "holder": holder(r.holder),
+                "entries": [{"node": e.node, "ttl": e.ttl, "waiting": e.waiting, "holder": holder(e.holder)} for e in r.entries],
+                "down": list(r.down),
+            }
+        )
+        for r in records
+    ) + "\n]"
+
+
+def test_list_output_is_pinned_to_the_byte(servers):
+    for n, server in enumerate(servers):  # keys without expiry: every reading agrees
+        with redis.Redis.from_url(server.url) as client:
+            client.set("redlock:lock:plain", Holder("tok", "host", 7, "label \u00e9\"", 1.25).encode())
+            if n < 2:
+                client.set("redlock:lock:left-over", "foreign\x01value")
+            if n < 4:
+                client.set("redlock:lock:split", Holder("ab"[n // 2], None, None, None, 2.0).encode())
+            client.zadd("redlock:places:plain", {"p": int(client.time()[0]) * 1000 + 60_000})
+    servers[4].kill()
+    manager = get_lock_manager()
+    out, err = run("list", "--json")
+    records = manager.lock_listing().records
+    assert [r.resource for r in records] == ["left-over", "plain", "split"] and err.count("did not answer") == 1
+    assert out == expected_json(records) + "\n"
+    assert run("list")[0].splitlines() == [
+        "RESOURCE   STATE                  NODES       TTL  WAITING  HOLDER",
+        "left-over  minority left-over       2/5     -1.0s        0  ?:?",
+        "plain      held by a quorum         4/5     -1.0s        1  host:7 (label \u00e9\")",
+        "split      split between holders    2/5     -1.0s        0  ?:?",
+    ]
+    manager.acquire("timed", ttl=20, label="x")  # ttls that are not whole seconds
+    records = manager.lock_listing().records
+    assert listing_json(records, manager.nodes) == expected_json(records)

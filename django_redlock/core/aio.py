@@ -24,13 +24,14 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from django_redlock.core import base, steps
-from django_redlock.core.base import Resources, Scan
+from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
-from django_redlock.core.manager import ADMIN_TIMEOUT, SCAN_COUNT, ManagerBase, status_of
+from django_redlock.core.listing import Rows, read_listing, read_record
+from django_redlock.core.manager import ManagerBase, status_of
 from django_redlock.core.nodes import Node, ReplyBuffer, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT, LIST, RELEASE, Script
+from django_redlock.core.scripts import RELEASE, Script
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -593,17 +594,17 @@ class AsyncLockManager(ManagerBase):
         for record in (await self.lock_listing(match)).records:
             yield record
 
-    async def lock_listing(self, match: str | None = None, rows: slice | None = None) -> LockListing:
+    async def lock_listing(
+        self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
+    ) -> LockListing:
         """Async version of :meth:`LockManager.lock_listing`."""
-        scan = Scan(self.config, self.node_list, self.quorum, match, rows)
-        timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
-        while scan.running:
-            commands = scan.commands(SCAN_COUNT)
-            scan.take(commands, await self._fanout(commands, timeout, script=LIST))
-        commands = scan.inspect_commands()
-        if any(commands):
-            scan.take_inspected(commands, await self._fanout(commands, timeout, script=INSPECT))
-        return scan.listing()
+        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+        return cast(LockListing, await self._run(step))
+
+    async def lock_record(self, resource: str) -> LockRecord | None:
+        """Async version of :meth:`LockManager.lock_record`."""
+        step = read_record(self.config, self.node_list, self.quorum, resource)
+        return cast("LockRecord | None", await self._run(step))
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core import ledger
 from django_redlock.core.rounds import Failure
-from django_redlock.core.records import ForcedRelease, Holder, LockListing, LockRecord
+from django_redlock.core.records import ForcedRelease, Holder
 from django_redlock.core.scripts import (
     ACQUIRE,
     HELD,
@@ -102,6 +102,10 @@ def check_resource(resource: Any) -> str:
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 def check_resources(resources: Any) -> tuple[str, ...]:
@@ -266,11 +270,16 @@ class ManagerConfig:
         lock_head, _, places_head = self.line_keys("")  # the script names each line from these heads
         return script_command(INSPECT, keys, (lock_head, places_head))
 
-    def list_command(self, cursor: str, pattern: str, count: int, read: bool) -> tuple[Any, ...]:
-        """LIST from ``cursor``: the next lock keys matching ``pattern``, read as INSPECT reads them
-        (``read``) or by name only."""
+    def list_command(self, cursor: str, pattern: str, count: int, fields: str, safe: bool = False) -> tuple[Any, ...]:
+        """LIST from ``cursor``: the next keys matching ``pattern``, with ``fields`` read of each
+        (see the script); ``safe`` for a reply whose columns are arrays."""
         lock_head, _, places_head = self.line_keys("")
-        return script_command(LIST, (), (cursor, pattern, count, lock_head, places_head, "1" if read else ""))
+        return script_command(LIST, (), (cursor, pattern, count, fields, lock_head, places_head, "1" if safe else ""))
+
+    def pattern(self, head: str, match: str | None = None) -> str:
+        """A SCAN pattern for the keys starting with ``head`` (and containing ``match`` after it)."""
+        pattern = _glob_escape(head) + "*"
+        return pattern + _glob_escape(match) + "*" if match else pattern
 
     def release_command(
         self, resources: Sequence[str], value: str, place: str = "", keep: tuple[int, int] | None = None
@@ -296,14 +305,6 @@ class ManagerConfig:
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
 
-    def resource_of(self, key: str) -> str | None:
-        head = f"{self.key_prefix}lock:"
-        return key[len(head) :] if key.startswith(head) else None
-
-    def scan_pattern(self) -> str:
-        head = f"{self.key_prefix}lock:"
-        escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in head)
-        return escaped + "*"
 
     def drift(self, ttl: float) -> float:
         return ttl * self.clock_drift_factor + DRIFT_CONSTANT
@@ -622,114 +623,6 @@ def lost_error(resource: str, why: str) -> LockLost:
     return LockLost(f"Lock {resource!r} was lost: {why}", resource=resource)
 
 
-
-class Scan:
-    """The state of a ``lock_listing()`` walk: every node scanned in lockstep, a page a round.
-
-    Each round the manager sends :meth:`commands` (one LIST script call per
-    node still scanning) and hands the replies to :meth:`take`, until
-    :attr:`running` is false. With ``rows`` (a slice of the resources in
-    order) the walk reads names only; the manager then sends
-    :meth:`inspect_commands` for the slice's keys alone and hands the replies
-    to :meth:`take_inspected`. :meth:`listing` gives the result.
-    """
-
-    def __init__(
-        self, config: ManagerConfig, nodes: Sequence[Any], quorum: int, match: str | None, rows: slice | None = None
-    ) -> None:
-        pattern = config.scan_pattern()
-        if match:
-            escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in match)
-            pattern = pattern[:-1] + "*" + escaped + "*"
-        self.pattern = pattern
-        self.config = config
-        self.nodes = nodes
-        self.quorum = quorum
-        self.rows = rows
-        #: With ``rows``: the slice's keys, and how many keys name a resource in all.
-        self.page: list[str] = []
-        self.count = 0
-        self.cursors: list[str | None] = ["0"] * len(nodes)
-        self.down: dict[str, str] = {}
-        #: Per node: lock key -> (value, ttl ms, live places), or None while only its name is known.
-        self.seen: list[dict[str, tuple[str, int, int] | None]] = [{} for _ in nodes]
-
-    @property
-    def running(self) -> bool:
-        return any(c is not None for c in self.cursors)
-
-    def commands(self, count: int) -> list[tuple[Any, ...] | None]:
-        read = self.rows is None
-        return [self.config.list_command(c, self.pattern, count, read) if c is not None else None for c in self.cursors]
-
-    def _failed(self, i: int, reply: Any) -> bool:
-        if isinstance(reply, Failure):
-            self.down[self.nodes[i].name] = reply.reason
-            self.cursors[i] = None
-            return True
-        return False
-
-    def take(self, commands: Sequence[Any], replies: Sequence[Any]) -> None:
-        for i, reply in enumerate(replies):
-            if commands[i] is None or self._failed(i, reply):
-                continue
-            parts = (reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply).split("\0")
-            self.cursors[i] = parts[0] if parts[0] != "0" else None
-            # SCAN may return a key twice: the later reading wins.
-            if self.rows is not None:
-                self.seen[i].update(dict.fromkeys(parts[1:]))
-            else:
-                self.seen[i].update(zip(parts[1::4], zip(parts[2::4], map(int, parts[3::4]), map(int, parts[4::4]))))
-
-    def keys(self) -> list[str]:
-        """Every lock key seen that names a resource, in resource order."""
-        found: set[str] = set().union(*self.seen)
-        return sorted(k for k in found if self.config.resource_of(k) is not None)
-
-    def inspect_commands(self) -> list[tuple[Any, ...] | None]:
-        """After a walk by name: INSPECT of the slice's keys on every node that answered it."""
-        if self.rows is not None:
-            keys = self.keys()
-            self.count, self.page = len(keys), keys[self.rows]
-        command = self.config.inspect_command(self.page) if self.page else None
-        return [command if node.name not in self.down else None for node in self.nodes]
-
-    def take_inspected(self, commands: Sequence[Any], replies: Sequence[Any]) -> None:
-        keys = self.page
-        for i, reply in enumerate(replies):
-            if commands[i] is None or self._failed(i, reply):
-                continue
-            tail = reply[2 * len(keys)]  # (1-based index, live places) for keys with a line
-            waiting = dict(zip(tail[::2], tail[1::2])) if tail else {}
-            seen = self.seen[i] = {}
-            for j, key in enumerate(keys):
-                raw, pttl = reply[2 * j], reply[2 * j + 1]
-                if raw and pttl != -2:
-                    value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-                    seen[key] = (value, pttl, waiting.get(j + 1, 0))
-
-    def listing(self) -> LockListing:
-        """The records read: every one, or the slice's (``count`` still tells how many there are)."""
-        if self.rows is None:
-            records = self.records(self.keys())
-            return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, len(records))
-        records = self.records(self.page)
-        return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, self.count)
-
-    def records(self, keys: Sequence[str]) -> list[LockRecord]:
-        down = tuple(sorted(self.down))
-        total = len(self.nodes)
-        names = [node.name for node in self.nodes]
-        out = []
-        for key in keys:
-            resource = self.config.resource_of(key)
-            if resource is None:
-                continue
-            # Node by node: copies come out in node order.
-            copies = tuple((name, *read) for name, seen in zip(names, self.seen) if (read := seen.get(key)))
-            if copies:
-                out.append(LockRecord(resource, key, copies, total, self.quorum, down))
-        return out
 
 
 class Attempts:

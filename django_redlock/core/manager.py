@@ -8,18 +8,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from django_redlock.core import base, ledger, steps
-from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, Scan, check_resource, quorum_of
+from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
 from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
+from django_redlock.core.listing import Rows, read_listing, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.scripts import INSPECT, LIST, RELEASE
+from django_redlock.core.scripts import RELEASE
 
 __all__ = ["LockManager"]
-
-#: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
-ADMIN_TIMEOUT = 2.0
-SCAN_COUNT = 1000
 
 _L = TypeVar("_L", bound=LockBase)
 
@@ -372,23 +369,32 @@ class LockManager(ManagerBase):
         """
         yield from self.lock_listing(match).records
 
-    def lock_listing(self, match: str | None = None, rows: slice | None = None) -> LockListing:
+    def lock_listing(
+        self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
+    ) -> LockListing:
         """:meth:`live_locks` as a whole: the records and the nodes that could not be read.
 
-        ``rows`` (a slice of the resources in order, e.g. ``slice(0, 100)`` or
-        ``slice(-100, None)``) reads only those records in full: the walk then
-        fetches key names alone, and the listing's ``count`` still tells how
-        many resources there are.
+        ``order`` sorts the records: ``"resource"``, ``"state"``,
+        ``"nodes_holding"``, ``"ttl"``, ``"waiting"``, ``"holder"`` or
+        ``"acquired_at"``, ascending, or descending after a ``-``; equal
+        ones stay in resource order. ``rows`` (a slice of the resources in
+        that order, e.g. ``slice(0, 100)``, or a function of how many there
+        are that returns one) reads only those records in full: the walk
+        then fetches just what the order needs (key names alone for the
+        resource order), and the listing's ``count`` still tells how many
+        resources there are.
         """
-        scan = Scan(self.config, self.node_list, self.quorum, match, rows)
-        timeout = max(self.config.node_timeout, ADMIN_TIMEOUT)
-        while scan.running:
-            commands = scan.commands(SCAN_COUNT)
-            scan.take(commands, fanout(self.node_list, commands, timeout=timeout, script=LIST))
-        commands = scan.inspect_commands()
-        if any(commands):
-            scan.take_inspected(commands, fanout(self.node_list, commands, timeout=timeout, script=INSPECT))
-        return scan.listing()
+        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+        return cast(LockListing, steps.run_sync(step, self._perform))
+
+    def lock_record(self, resource: str) -> LockRecord | None:
+        """The record of ``resource`` (None when no node holds its key), reading that one key on every node.
+
+        ``resource`` may be any name, even one ``acquire()`` would refuse (a
+        key written by something else): it is only read.
+        """
+        step = read_record(self.config, self.node_list, self.quorum, resource)
+        return cast("LockRecord | None", steps.run_sync(step, self._perform))
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         """Ask every node for INFO; a node that does not answer is reported, not raised."""

@@ -222,26 +222,34 @@ return lowest
 """,
 )
 
-# KEYS: lock keys found by SCAN; ARGV[1] their head ("<prefix>lock:"), ARGV[2] the head of
-# the places zsets ("<prefix>places:"): the script names each resource's line itself, as
-# RELEASE names wake lists (passing every places key would double the request).
-# Return value and remaining ttl (ms) of each key, flattened, then one array of
-# (index, live places) pairs for the keys whose resource has anyone in line (expiry
-# after the node's now), so one round trip reads a whole SCAN page. Read-only.
-INSPECT = Script(
-    "inspect",
-    """
+# The node's now, and how many places in a line are live (expiry, in node ms, after now): what
+# INSPECT and LIST report as calls waiting (ACQUIRE and RELEASE forget the other places).
+_LIVE = """
 local clock = redis.call('time')
 local after = '(' .. (clock[1] * 1000 + math.floor(clock[2] / 1000))
+local function live(places)
+    return redis.call('zcount', places, after, '+inf')
+end
+"""
+
+# KEYS: lock keys; ARGV[1] their head ("<prefix>lock:"), ARGV[2] the head of the places
+# zsets ("<prefix>places:"): the script names each resource's line itself, as RELEASE names
+# wake lists (passing every places key would double the request).
+# Return value and remaining ttl (ms) of each key, flattened, then one array of
+# (index, live places) pairs for the keys whose resource has anyone in line. Read-only.
+INSPECT = Script(
+    "inspect",
+    _LIVE
+    + """
 local cut = #ARGV[1] + 1
 local out, waiting = {}, {}
 for i, key in ipairs(KEYS) do
     out[2 * i - 1] = redis.call('get', key) or false
     out[2 * i] = redis.call('pttl', key)
-    local live = redis.call('zcount', ARGV[2] .. string.sub(key, cut), after, '+inf')
-    if live > 0 then
+    local count = live(ARGV[2] .. string.sub(key, cut))
+    if count > 0 then
         waiting[#waiting + 1] = i
-        waiting[#waiting + 1] = live
+        waiting[#waiting + 1] = count
     end
 end
 out[2 * #KEYS + 1] = waiting
@@ -249,53 +257,66 @@ return out
 """,
 )
 
-# ARGV[1] SCAN cursor, ARGV[2] MATCH pattern, ARGV[3] COUNT, ARGV[4] the head of the lock keys
-# ("<prefix>lock:"), ARGV[5] the head of the places zsets ("<prefix>places:"), ARGV[6] '1' to
-# read the keys, '' for their names only.
+# ARGV[1] SCAN cursor, ARGV[2] MATCH pattern, ARGV[3] COUNT, ARGV[4] what to read of each key found:
+#   'n' its name; 'v' its name and value ('' when not a string); 't' its name and ttl ms;
+#   'vt' name, value and ttl; 'w' (a walk of the places zsets): the lock key of each line
+#   with live places, and how many;
+# ARGV[5] the head of the lock keys, ARGV[6] the head of the places zsets, ARGV[7] '1' for a
+# binary-safe reply (see below).
 # SCAN on until the cursor is back at 0, at least ARGV[3] keys are found, or ten pages are walked
-# (a search matching little needs few round trips; the node is never held long); read each key
-# as INSPECT does. Reply one string, NUL-separated: the cursor, then key, value, ttl ms, live
-# places for each key still holding a value, or just each key (a NUL inside a key or value
-# becomes U+FFFD). One string splits far faster than four replies a key are parsed. Read-only.
+# (a search matching little needs few round trips; the node is never held long). Values come from
+# one MGET a page, not a call a key. Reply {cursor, how many keys, names, values (or live places),
+# ttls}, each column one NUL-separated string: one string splits far faster than an array is
+# parsed. A NUL inside a name or value shows as more parts than keys; the caller then asks for
+# the same page with ARGV[7] '1', and the columns come as arrays. Read-only.
 LIST = Script(
     "list",
-    """
-local clock = redis.call('time')
-local after = '(' .. (clock[1] * 1000 + math.floor(clock[2] / 1000))
-local cut = #ARGV[4] + 1
-local cursor, wanted = ARGV[1], tonumber(ARGV[3])
-local out, n, found = {}, 1, 0
-local function text(s)
-    if string.find(s, '\\0', 1, true) then
-        return (string.gsub(s, '%z', '\\239\\191\\189'))
-    end
-    return s
-end
+    _LIVE
+    + """
+local call = redis.call
+local cursor, wanted, fields = ARGV[1], tonumber(ARGV[3]), ARGV[4]
+local cut = #ARGV[6] + 1
+local names, values, ttls, n, found = {}, {}, {}, 0, 0
 for _ = 1, 10 do
-    local page = redis.call('scan', cursor, 'match', ARGV[2], 'count', wanted)
+    local page = call('scan', cursor, 'match', ARGV[2], 'count', wanted)
     cursor = page[1]
-    for _, key in ipairs(page[2]) do
-        if ARGV[6] == '' then
+    local keys = page[2]
+    if fields == 'w' then
+        for _, places in ipairs(keys) do
+            local count = live(places)
+            if count > 0 then
+                n = n + 1
+                names[n] = ARGV[5] .. string.sub(places, cut)
+                values[n] = count
+            end
+        end
+    elseif fields == 'n' or fields == 't' then
+        for _, key in ipairs(keys) do
             n = n + 1
-            out[n] = text(key)
-        else
-            local value = redis.call('get', key)
-            local ttl = redis.call('pttl', key)
-            if value and value ~= '' and ttl ~= -2 then
-                out[n + 1] = text(key)
-                out[n + 2] = text(value)
-                out[n + 3] = ttl
-                out[n + 4] = redis.call('zcount', ARGV[5] .. string.sub(key, cut), after, '+inf')
-                n = n + 4
+            names[n] = key
+            if fields == 't' then
+                ttls[n] = call('pttl', key)
+            end
+        end
+    elseif #keys > 0 then
+        local read = call('mget', unpack(keys))  -- a page of COUNT 1000 keys: far below unpack's limit
+        for i, key in ipairs(keys) do
+            n = n + 1
+            names[n] = key
+            values[n] = read[i] or ''
+            if fields == 'vt' then
+                ttls[n] = call('pttl', key)
             end
         end
     end
-    found = found + #page[2]
+    found = found + #keys
     if cursor == '0' or found >= wanted then
         break
     end
 end
-out[1] = cursor
-return table.concat(out, '\\0')
+if ARGV[7] == '1' then
+    return {cursor, n, names, values, ttls}
+end
+return {cursor, n, table.concat(names, '\\0'), table.concat(values, '\\0'), table.concat(ttls, '\\0')}
 """,
 )
