@@ -298,3 +298,23 @@ def test_forked_copy_of_a_lock_is_not_held(manager, servers):
         os._exit(code)
     assert wait_child(pid, 10.0) == 0
     assert lock.owned() is True and lock.release() is True
+
+
+def test_close_reads_the_replies_a_release_left_coming(servers):
+    """release() returns once a quorum deleted the key; close() then reads the last nodes' replies
+    (a socket closed with unread bytes is reset) and settles what they owed."""
+    from tests.proxy import Proxy
+
+    with Proxy(servers[3].port) as p3, Proxy(servers[4].port) as p4:
+        mgr = LockManager([s.url for s in servers[:3]] + [p3.url, p4.url], ttl=5, retry_count=0, restart_window=0)
+        lock = mgr.acquire("closing", blocking=False)
+        for proxy in (p3, p4):
+            proxy.hold_replies()
+        assert lock.release() is True  # three nodes confirmed; two replies are held
+        assert all(node.books.ledger.debts for node in mgr.node_list[3:])  # not confirmed yet
+        for proxy in (p3, p4):
+            proxy.pass_replies()
+            proxy.flush_replies()  # on their way now
+        mgr.close()
+        assert not any(node.books.ledger.debts for node in mgr.node_list)
+        assert not any(node.books.parked or node.books.idle for node in mgr.node_list)

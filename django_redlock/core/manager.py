@@ -413,7 +413,11 @@ class LockManager(ManagerBase):
         return {node.name: timing for node, timing in zip(nodes, timings)}
 
     def close(self) -> None:
-        """Stop watching locks and close every connection. Held locks expire by themselves."""
+        """Stop watching locks and close every connection. Held locks expire by themselves.
+
+        Replies still due (the last nodes' answers to a release that ended at a quorum) are read
+        first, for at most the node timeout; the same happens at interpreter exit.
+        """
         self._extender.clear(self)
         for node in self.node_list:
             node.close()

@@ -16,6 +16,7 @@ waiting, the next time the node is used.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import logging
 import os
@@ -303,7 +304,32 @@ class Node:
             self.books.drop(conn, time.monotonic())
         _disconnect(conn)
 
+    def settle(self, deadline: float) -> None:
+        """Read the replies still due on parked connections until ``deadline`` (monotonic), then
+        close those connections.
+
+        A release that ended at a quorum leaves the last nodes' replies coming. A socket closed
+        with unread bytes is reset, and a command the node has not run yet may go with it, so
+        closing (and exiting) reads them first.
+        """
+        if os.getpid() != self._pid:
+            return
+        with self._mutex:
+            parked = list(self.books.parked)
+            for conn in parked:
+                del self.books.parked[conn]  # taken out: no other thread reads them now
+        for conn in parked:
+            try:
+                while conn.expect and conn.can_read(max(0.0, deadline - time.monotonic())):
+                    read_booked(self.books, conn, time.monotonic(), self._mutex)
+            except (RedisError, OSError, ValueError):
+                pass
+            with self._mutex:
+                self.books.drop(conn, time.monotonic())
+            _disconnect(conn)
+
     def close(self) -> None:
+        self.settle(time.monotonic() + self.node_timeout)
         now = time.monotonic()
         with self._mutex:
             conns = [conn for conn, _ in self.books.idle] + list(self.books.parked)
@@ -326,6 +352,18 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    """At interpreter exit, read the replies still due (at most one node timeout in all)."""
+    nodes = list(_NODES)
+    deadline = time.monotonic() + max((node.node_timeout for node in nodes), default=0.0)
+    for node in nodes:
+        try:
+            node.settle(deadline)
+        except Exception:  # noqa: BLE001 - never fail an exit
+            pass
 
 
 def _idle_ok(conn: Any) -> bool:
