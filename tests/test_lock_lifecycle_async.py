@@ -159,3 +159,24 @@ async def test_async_on_lost_fires_by_the_validity_deadline(servers):
         for server in servers[:3]:
             server.resume()
         await mgr.aclose()
+
+
+async def test_aclose_reads_the_replies_a_release_left_coming(servers):
+    """The async twin of the sync close test: aclose() reads the last nodes' replies first."""
+    from django_redlock.core import AsyncLockManager
+    from tests.proxy import Proxy
+
+    with Proxy(servers[3].port) as p3, Proxy(servers[4].port) as p4:
+        mgr = AsyncLockManager([s.url for s in servers[:3]] + [p3.url, p4.url], ttl=5, retry_count=0,
+                               restart_window=0)
+        lock = await mgr.acquire("closing", blocking=False)
+        for proxy in (p3, p4):
+            proxy.hold_replies()
+        assert await lock.release() is True  # three nodes confirmed; two replies are held
+        assert all(anode.books.ledger.debts for anode in mgr.anodes[3:])
+        for proxy in (p3, p4):
+            proxy.pass_replies()
+            proxy.flush_replies()
+        await mgr.aclose()
+        assert not any(anode.books.ledger.debts for anode in mgr.anodes)
+        assert not any(anode.books.parked or anode.books.idle for anode in mgr.anodes)

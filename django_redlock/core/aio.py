@@ -92,6 +92,9 @@ class AConn(ConnState, asyncio.Protocol):
             else:
                 del books.parked[self]
                 books.checkin(self, 0.0, now)
+        settling = self.anode._settling.pop(books, None)
+        if settling is not None and not settling.done():
+            settling.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
@@ -111,6 +114,8 @@ class AsyncNode:
         self.node_timeout = node.node_timeout
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks] = weakref.WeakKeyDictionary()
         self._pools_lock = threading.Lock()  # several threads may each run their own loop
+        #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
+        self._settling: dict[NodeBooks, asyncio.Future[None]] = {}
         self._pid = os.getpid()
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
@@ -179,6 +184,23 @@ class AsyncNode:
         """Give up connections whose replies are overdue beyond the stale limit (the books decide)."""
         for aconn in books.stale(now):
             self.drop(aconn, f"no reply for over {books.stale_limit:.1f} s")
+
+    async def settle(self, deadline: float) -> None:
+        """Wait until ``deadline`` (monotonic) for the replies still due on parked connections
+        (see :meth:`Node.settle <django_redlock.core.nodes.Node.settle>`)."""
+        books = self.books
+        loop = asyncio.get_running_loop()
+        while any(aconn.expect for aconn in books.parked):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            waiter = self._settling[books] = loop.create_future()
+            timer = loop.call_later(left, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._settling.pop(books, None)
 
     async def close(self) -> None:
         books = self.books
@@ -619,8 +641,11 @@ class AsyncLockManager(ManagerBase):
         return {node.name: t for node, t in zip(self.node_list, timings)}
 
     async def aclose(self) -> None:
-        """Close every connection made on the running loop."""
+        """Close every connection made on the running loop, once the replies still due were read
+        (at most the node timeout; see :meth:`LockManager.close`)."""
+        deadline = time.monotonic() + self.config.node_timeout
         for anode in self.anodes:
+            await anode.settle(deadline)
             await anode.close()
 
     async def __aenter__(self) -> AsyncLockManager:
