@@ -1,12 +1,12 @@
 """The async twin of the engine, on ``redis.asyncio``: same rules, same errors.
 
-Each connection has one reader task that reads every reply in order and books
-it (see :mod:`django_redlock.core.ledger`), whether or not a caller still waits
-for it. A fan-out writes every command before awaiting anything, then waits on
-the replies it wants until the outcome is known or ``node_timeout`` passes.
-Nothing a caller does (giving up, being cancelled) can lose a reply's meaning:
-the reader keeps the books and a connection goes back to the pool only when
-nothing is pending on it.
+Each connection's transport is read by a protocol (:class:`AConn`) that parses
+and books every reply the moment it arrives (see :mod:`django_redlock.core.ledger`),
+whether or not a caller still waits for it. A fan-out writes every command
+before awaiting anything, then waits on the replies it wants until the outcome
+is known or ``node_timeout`` passes. Nothing a caller does (giving up, being
+cancelled) can lose a reply's meaning: the protocol keeps the books and a
+connection goes back to the pool only when nothing is pending on it.
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ class AConn(ConnState, asyncio.Protocol):
             else:
                 del books.parked[self]
                 books.checkin(self, 0.0, now)
-        settling = self.anode._settling.pop(books, None)
-        if settling is not None and not settling.done():
-            settling.set_result(None)
+        if self.anode._settling:  # someone closing waits for the replies still due
+            settling = self.anode._settling.pop(books, None)
+            if settling is not None:
+                _wake(settling)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:

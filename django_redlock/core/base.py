@@ -305,7 +305,6 @@ class ManagerConfig:
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
 
-
     def drift(self, ttl: float) -> float:
         return ttl * self.clock_drift_factor + DRIFT_CONSTANT
 
@@ -621,8 +620,6 @@ def extension_limit_error(lock: LockBase, limit: int) -> LockError:
 
 def lost_error(resource: str, why: str) -> LockLost:
     return LockLost(f"Lock {resource!r} was lost: {why}", resource=resource)
-
-
 
 
 class Attempts:

@@ -324,9 +324,7 @@ class Node:
                     read_booked(self.books, conn, time.monotonic(), self._mutex)
             except (RedisError, OSError, ValueError):
                 pass
-            with self._mutex:
-                self.books.drop(conn, time.monotonic())
-            _disconnect(conn)
+            self.drop(conn)
 
     def close(self) -> None:
         self.settle(time.monotonic() + self.node_timeout)

@@ -143,9 +143,14 @@ def seconds(pttl: int) -> float:
 # lives here once: LockRecord shows them, and a listing sorts by them without building records.
 
 
+def same_everywhere(items: Sequence[Any]) -> bool:
+    """True when every copy is the first one (the usual case: one holder on every node)."""
+    return items.count(items[0]) == len(items)
+
+
 def main_copies(values: Sequence[str]) -> tuple[int, ...]:
     """Which copies store the main holder's value: the holder seen on the most nodes (on a tie, the first such node's)."""
-    if values.count(values[0]) == len(values):  # the usual case: one value everywhere
+    if same_everywhere(values):
         return _every(len(values))
     holders = _holders(values)
     token = Counter(h.token for h in holders).most_common(1)[0][0]
@@ -252,7 +257,7 @@ class LockRecord:
 
 def read_holders(records: Sequence[LockRecord]) -> None:
     """Decode the holders of many records at once: a listing that shows them all gets them several times faster."""
-    single = [r for r in records if r._holders is None and r.values.count(r.values[0]) == len(r.values)]
+    single = [r for r in records if r._holders is None and same_everywhere(r.values)]
     for record, holder in zip(single, Holder.decode_many([r.values[0] for r in single])):
         record._holders = (holder,) * len(record.values)
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redlock.core.records import STATE_WORDS, seconds
+from django_redlock.core.records import STATE_WORDS, same_everywhere, seconds
 from django_redlock.exceptions import LockError
 
 
@@ -162,7 +162,7 @@ def listing_json(records: Sequence[Any], nodes: Sequence[str]) -> str:
     for r in records:
         holders = r.holders()
         main = holder_json(r.holder)
-        if holders.count(holders[0]) == len(holders):  # one holder on every node (the same object)
+        if same_everywhere(holders):  # one holder on every node (the same object)
             ends = [f', "holder": {main}}}'] * len(holders)
         else:
             encoded = {key: holder_json(h) for key, h in {id(h): h for h in holders}.items()}
