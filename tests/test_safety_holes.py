@@ -141,6 +141,58 @@ def test_plain_restarts_never_give_two_holders(servers):
     assert not doubles, f"two holders at once in rounds {doubles} of {ROUNDS}"
 
 
+def sleep_until_second_fraction(fraction):
+    """Sleep until the wall clock is ``fraction`` of the way through a second."""
+    time.sleep((fraction - time.time() % 1.0) % 1.0)
+
+
+def info_uptime(server):
+    return int(raw(server).info("server")["uptime_in_seconds"])
+
+
+def test_uptime_in_whole_seconds_does_not_shorten_the_window(servers):
+    """INFO's ``uptime_in_seconds`` is the difference of two wall-clock seconds, each truncated.
+
+    A node started at x.90 s reads "1" at (x+1).00 s, 0.1 s later. Counting that as a whole
+    second made C vote about 0.1 s after its restart, under a lock of 1 s (window 1.01 s).
+    """
+    probe = manager(servers.urls, ttl=1, max_ttl=1, retry_count=0)
+    wait_until_old(probe, 1.3)  # A, B, D, E are old: they vote for anyone
+    probe.close()
+    holder = LockManager(servers.urls, ttl=1, max_ttl=1, retry_count=0, restart_window=0)
+    try:
+        for _ in range(5):  # a restart that crosses a second boundary starts over
+            sleep_until_second_fraction(0.8)
+            lock = hold_on_abc(holder, servers, "guarded")
+            sleep_until_second_fraction(0.9)
+            restarted = time.monotonic()
+            servers[2].restart()  # C forgets the key of a lock that is valid for almost 1 s more
+            while info_uptime(servers[2]) < 1 and time.monotonic() - restarted < 0.5:
+                time.sleep(0.005)
+            if info_uptime(servers[2]) == 1 and time.monotonic() - restarted < 0.3:
+                break
+            lock.release()
+        else:
+            pytest.fail("could not restart a node just before a wall-clock second ended")
+        client = manager(servers.urls, ttl=1, max_ttl=1, retry_count=0)
+        try:
+            for i in range(2):  # first contact with the new C: its uptime ("1 s") is read by now
+                client.acquire(f"warm-up-{i}", blocking=False).release()
+            time.sleep(0.05)  # what the probe read plus the time since: past the window if "1" were sure
+            assert lock.locked()
+            refused = assert_not_acquired(client, "guarded", lock)
+            assert "delayed-restart rule" in refused.failures[client.nodes[2]]
+            assert lock.locked()
+            assert time.monotonic() - restarted < 0.9  # C really is younger than the window
+            status = client.node_status()[2]
+            assert not status.votes and status.sits_out_for > 0.5, status
+        finally:
+            client.close()
+        lock.release()
+    finally:
+        holder.close()
+
+
 # -- 2. a node that denies INFO has an unknown restart state: it does not vote --------------------
 
 ACL_NO_INFO = ["--user", "locker", "on", ">pw", "~*", "&*", "+@all", "-info"]
