@@ -35,6 +35,7 @@ __all__ = [
     "Restart",
     "learn",
     "parse_info",
+    "sure_uptime",
     "vote_refusal",
 ]
 
@@ -135,6 +136,16 @@ def parse_info(reply: Any) -> dict[str, str]:
     return info
 
 
+#: INFO's ``uptime_in_seconds`` is the difference of two wall-clock seconds, each truncated: a
+#: server started at x.9 s says "1" at (x+1).0 s. The uptime it gives may run this far ahead.
+UPTIME_STEP = 1.0
+
+
+def sure_uptime(uptime: float) -> float:
+    """The least time a server has surely been up when INFO says ``uptime_in_seconds`` = ``uptime``."""
+    return max(0.0, uptime - UPTIME_STEP)
+
+
 @dataclass(frozen=True)
 class Restart:
     """What a probe learned about the server behind one connection."""
@@ -145,7 +156,8 @@ class Restart:
     run_id: str
 
     def age(self, now: float) -> float | None:
-        return None if self.uptime is None else self.uptime + (now - self.seen)
+        """How long the server has surely been up at ``now`` (None: unknown)."""
+        return None if self.uptime is None else sure_uptime(self.uptime) + (now - self.seen)
 
 
 def _config_value(reply: Any) -> str:

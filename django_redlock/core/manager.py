@@ -473,7 +473,8 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
         persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
     durable = declared or (persistence.get("aof_enabled") is True and persistence.get("appendfsync") == "always")
-    sits_out = max(0.0, window - uptime) if uptime is not None and not durable and window > 0 else 0.0
+    age = ledger.sure_uptime(uptime) if uptime is not None else None
+    sits_out = max(0.0, window - age) if age is not None and not durable and window > 0 else 0.0
     role = info.get("role")
     why = None
     if role != "master":
@@ -481,7 +482,7 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
     elif uptime is None and not durable:
         why = "INFO does not tell its uptime: its restart state cannot be known"
     elif sits_out:
-        why = ledger.sits_out(uptime or 0.0, sits_out)
+        why = ledger.sits_out(age or 0.0, sits_out)
     return NodeStatus(
         node.name,
         True,

@@ -20,13 +20,13 @@ from django_redlock.exceptions import LockError
 from .client import SimClient, vote_of
 from .invariants import Violation
 from .network import NetConfig
-from .scenario import Sim, build
+from .scenario import Sim, build, settled
 
 __all__ = ["CASES", "run_case"]
 
 QUIET = NetConfig(late_chance=0.0)
 TTL = 1.0
-START = TTL * 2 + 0.1  # the nodes are new: after the restart window (INFO counts whole seconds)
+START = settled(TTL)  # the nodes are new: after the restart window
 
 
 class _Tap:
@@ -142,6 +142,22 @@ def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
 
     world.at(START, _hold_on_first_three, sim, a, a_acquired)
     world.run_until(START + 3)
+    return sim
+
+
+def restarted_node_that_reads_one_second_at_once(seed: int) -> Sim:
+    """Node 2 restarts under A's lock just before its clock's second ends: INFO says "1 s" 0.1 s later."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    b = SimClient(sim, "b", ttl=TTL)
+    nodes, world = sim.nodes, sim.world
+    clock = nodes[2].clock
+    second = clock.to_true(float(int(clock.offset + clock.rate * START) + 1))  # a whole second on node 2
+    world.at(second - 0.5, _hold_on_first_three, sim, a, lambda lock: None)
+    world.at(second - 0.11, nodes[2].restart, 0.01)  # up again at x.9 s: forgets A's key
+    world.at(second + 0.05, _acquire, b, "other", lambda lock: lock and _release(b, lock))  # reads "1 s"
+    world.at(second + 0.1, _acquire, b, "r", lambda lock: None)  # must not win while A holds
+    world.run_until(second + 3)
     return sim
 
 
@@ -422,6 +438,9 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
         ("restart rule open while the probe is unknown", "restart rule off"),
     ),
     "restarted node whose first reply is late": (restarted_node_whose_first_reply_is_late, ("restart rule off",)),
+    "restarted node that reads one second at once": (
+        restarted_node_that_reads_one_second_at_once, ("uptime in whole seconds taken as sure",),
+    ),
     "majority paused past the stale limit": (majority_paused_past_the_stale_limit, ()),
     "late release of an earlier attempt": (
         late_release_of_an_earlier_attempt,

@@ -16,13 +16,13 @@ from django_redlock.core.lock import LockBase
 from .client import SimClient
 from .invariants import Violation
 from .network import NetConfig
-from .scenario import build
+from .scenario import build, settled
 from .world import Exhaustive
 
 __all__ = ["check_small_scope"]
 
 TTL = 1.0
-START = TTL * 2 + 0.1  # the nodes are new: after the restart window (INFO counts whole seconds)
+START = settled(TTL)  # the nodes are new: after the restart window
 ROUNDS = 2
 
 

@@ -64,6 +64,11 @@ def restart_rule_open_when_unknown() -> Any:
     return _patch(ledger, "vote_refusal", open_when_unknown)
 
 
+def uptime_taken_as_sure() -> Any:
+    """INFO's whole-second uptime taken as exact (it may run up to 1 s ahead of the restart)."""
+    return _patch(ledger, "sure_uptime", lambda uptime: uptime)
+
+
 def drift_ignored() -> Any:
     """Validity without the clock-drift allowance."""
     return _patch(base.ManagerConfig, "drift", lambda self, ttl: 0.0)
@@ -229,6 +234,7 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "restart rule off": (restart_rule_off, {}),
     # INFO sometimes fails for a passing reason: the restart state stays unknown.
     "restart rule open while the probe is unknown": (restart_rule_open_when_unknown, {"flaky_info": 0.5}),
+    "uptime in whole seconds taken as sure": (uptime_taken_as_sure, {}),
     "drift ignored": (drift_ignored, {}),
     # Replies take tens of milliseconds: a validity counted from the last reply is visibly too long.
     "validity from after the fan-out": (

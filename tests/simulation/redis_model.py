@@ -650,7 +650,8 @@ class SimNode:
             raise _Error(NOPERM_INFO)
         if self.flaky_info and self.world.chance(self.flaky_info, "flaky info"):
             raise _Error("ERR INFO failed for a passing reason")
-        uptime = int(self.clock.now() - self.started_local)
+        # As Redis does: the difference of two truncated clock seconds (ahead by up to 1 s).
+        uptime = int(self.clock.now()) - int(self.started_local)
         return (
             b"# Server\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\n"
             b"run_id:%s\r\nuptime_in_seconds:%d\r\n" % (self.run_id.encode(), uptime)

@@ -17,7 +17,7 @@ from .client import SimClient
 from .faults import FaultConfig
 from .invariants import Violation
 from .network import NetConfig
-from .scenario import build
+from .scenario import build, settled
 from .world import Chooser
 
 __all__ = ["Outcome", "contend", "simulate"]
@@ -82,7 +82,7 @@ def simulate(
         for i in range(clients)
     ]
     outcome = Outcome(seed)
-    begin = ttl * 2 + 0.1  # the nodes are new: wait out the restart window once (INFO counts whole seconds)
+    begin = settled(ttl)  # the nodes are new: wait out the restart window once
     end = begin + seconds
     try:
         nemesis = None
@@ -155,7 +155,7 @@ def contend(
     for client in procs:
         client.multi = multi
     outcome = Outcome(seed)
-    begin = ttl * 2 + 0.1  # the nodes are new: wait out the restart window once
+    begin = settled(ttl)  # the nodes are new: wait out the restart window once
     try:
         for i, client in enumerate(procs):
             world.at(begin + 0.01 * i, lambda c=client: c.contend(target, begin + seconds, hold=hold, once=once))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from django_redlock.core import ledger
+
 from .clock import SAFE_SHARE, drifting_clock
 from .faults import FaultConfig, Nemesis
 from .invariants import Checker
@@ -12,7 +14,13 @@ from .network import NetConfig, Network
 from .redis_model import SimNode
 from .world import Chooser, Process, World
 
-__all__ = ["Sim", "build"]
+__all__ = ["Sim", "build", "settled"]
+
+
+def settled(ttl: float) -> float:
+    """When nodes booted at time 0 vote for a client of ``ttl``: after its restart window, which the
+    engine counts from INFO's whole seconds less one (the truth may lie up to 2 s above that)."""
+    return ttl * 2 + 2 * ledger.UPTIME_STEP + 0.1
 
 
 @dataclass
