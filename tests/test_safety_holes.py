@@ -154,23 +154,26 @@ def info_uptime(server):
 def test_uptime_in_whole_seconds_does_not_shorten_the_window(servers):
     """INFO's ``uptime_in_seconds`` is the difference of two wall-clock seconds, each truncated.
 
-    A node started at x.90 s reads "1" at (x+1).00 s, 0.1 s later. Counting that as a whole
-    second made C vote about 0.1 s after its restart, under a lock of 1 s (window 1.01 s).
+    A node started at x.85 s reads "1" at (x+1).00 s, 0.15 s later. Counting that as a whole
+    second made C vote about 0.2 s after its restart, under a lock of 1 s (window 1.01 s).
     """
     probe = manager(servers.urls, ttl=1, max_ttl=1, retry_count=0)
     wait_until_old(probe, 1.3)  # A, B, D, E are old: they vote for anyone
     probe.close()
     holder = LockManager(servers.urls, ttl=1, max_ttl=1, retry_count=0, restart_window=0)
     try:
-        for _ in range(5):  # a restart that crosses a second boundary starts over
-            sleep_until_second_fraction(0.8)
+        for _ in range(8):  # a slow hold, or a restart that crosses a second boundary, starts over
+            sleep_until_second_fraction(0.6)
             lock = hold_on_abc(holder, servers, "guarded")
-            sleep_until_second_fraction(0.9)
+            if time.time() % 1.0 >= 0.85:
+                lock.release()
+                continue
+            sleep_until_second_fraction(0.85)
             restarted = time.monotonic()
             servers[2].restart()  # C forgets the key of a lock that is valid for almost 1 s more
             while info_uptime(servers[2]) < 1 and time.monotonic() - restarted < 0.5:
                 time.sleep(0.005)
-            if info_uptime(servers[2]) == 1 and time.monotonic() - restarted < 0.3:
+            if info_uptime(servers[2]) == 1 and time.monotonic() - restarted < 0.4:
                 break
             lock.release()
         else:
