@@ -222,8 +222,17 @@ def test_holders_decoded_together_are_those_decoded_one_by_one():
         '{"t":"a","p":true,"a":"1","l":3,"n":2}',
         '{"t":"x"}{"t":"y"}',
         "NaN",
+        '{"t":"a","h":"x","p":01,"a":1}',  # not JSON (a leading zero): a bare token, not an error
+        '{"t":"a","h":"x","p":1,"a":1,"n":1}',
+        '{"t":"a","h":"x","p":1,"a":2,"l":"z","n":12}',
+        Holder("tok", 'q"uote', 0, "back\\slash", 0.0).encode(),
+        Holder("tok", "tab\t", -3, "nul\x00", 1e300, 2).encode(),
+        Holder("tök", "hé", 5, "", 1700000000.125).encode(),
     ]
-    assert Holder.decode_many(values) == [Holder.decode(v) for v in values]
+    holders = Holder.decode_many(values)
+    assert holders == [Holder.decode(v) for v in values]
+    assert [str(h) for h in holders] == [str(Holder.decode(v)) for v in values]
+    assert [type(h.acquired_at) for h in holders] == [type(Holder.decode(v).acquired_at) for v in values]
 
 
 @pytest.mark.parametrize("rows", [None, slice(0, 100)])
