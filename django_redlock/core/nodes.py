@@ -420,6 +420,10 @@ def _error(line: bytes) -> RedisError:
     return _ERRORS.get(text.split(" ", 1)[0], ResponseError)(text)
 
 
+#: Whole replies a vote or a release usually gets, as :func:`_parse` reads them.
+_USUAL: dict[bytes, Any] = {b"+OK\r\n": b"OK", b":1\r\n": 1, b":0\r\n": 0, b"$-1\r\n": None}
+
+
 def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
     """Parse one RESP2 reply at ``pos``: ``(value, next position)`` or ``(_INCOMPLETE, pos)``."""
     end = buf.find(b"\r\n", pos)
@@ -634,8 +638,15 @@ class Wire(ConnState):
         return True
 
     def read_response(self) -> Any:
-        if not self._replies.pending():
-            self._fill()  # nothing buffered: the usual case after a poll said the socket is readable
+        replies = self._replies
+        if not replies.pending():
+            # Nothing buffered: the usual case after a poll said the socket is readable. A read
+            # that brings exactly one of the usual replies needs no buffer.
+            data = self._recv()
+            reply = _USUAL.get(data, _INCOMPLETE)
+            if reply is not _INCOMPLETE:
+                return reply
+            replies.feed(data)
         while True:
             try:
                 reply = self._replies.next()
@@ -648,6 +659,10 @@ class Wire(ConnState):
             self._fill()
 
     def _fill(self) -> None:
+        self._replies.feed(self._recv())
+
+    def _recv(self) -> bytes:
+        """The bytes that arrived (at least one), waiting at most the node timeout for them."""
         deadline = 0.0
         try:
             while True:
@@ -665,7 +680,7 @@ class Wire(ConnState):
             raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
         if not data:
             raise RedisConnectionError("Connection closed by server.")
-        self._replies.feed(data)
+        return data
 
     def disconnect(self) -> None:
         self.conn.disconnect()
