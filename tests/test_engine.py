@@ -12,6 +12,7 @@ import redis
 from django_redlock.core import Hooks, LockManager
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 from tests.conftest import eventually
+from tests.proxy import Proxy
 
 
 def keys_everywhere(servers, pattern="redlock:lock:*"):
@@ -34,7 +35,7 @@ def test_acquire_release_roundtrip(manager, servers):
     assert lock.release() is True
     assert lock.release() is False  # idempotent
     assert not manager.is_locked("invoice-1")
-    assert keys_everywhere(servers) == []
+    eventually(lambda: keys_everywhere(servers) == [])  # release() returns once a quorum deleted the key
 
 
 def test_second_acquire_is_refused_with_reasons(manager):
@@ -75,7 +76,7 @@ def test_quorum_survives_a_minority_killed(manager, servers, killed):
     assert lock.locked()
     assert len(keys_everywhere(servers)) == 5 - killed
     assert lock.release() is True
-    assert keys_everywhere(servers) == []
+    eventually(lambda: keys_everywhere(servers) == [])
 
 
 def test_quorum_lost_with_three_killed_leaves_nothing(manager, servers):
@@ -98,6 +99,68 @@ def test_sigstopped_node_costs_at_most_about_node_timeout(manager, servers):
     # One node_timeout is 50 ms; a pair must never wait much longer than that.
     assert worst < 0.05 * 3, worst
     servers[0].resume()
+
+
+class StallingSocket:
+    """A real socket; the first read after :meth:`arm` runs ``stall`` before returning (the client
+    process stops there, as in a long garbage collection or when descheduled)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self.stall = None
+
+    def recv(self, size):
+        data = self._sock.recv(size)
+        stall, self.stall = self.stall, None
+        if stall is not None:
+            stall()
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+class StallingConnection(redis.Connection):
+    sockets: list[StallingSocket] = []
+
+    def _connect(self):
+        sock = StallingSocket(super()._connect())
+        self.sockets.append(sock)
+        return sock
+
+
+def test_replies_that_came_while_the_client_stalled_count(servers):
+    """The client stops for longer than node_timeout right after reading the first reply; the other
+    replies arrived meanwhile, in time. They are read before anything is judged missing."""
+    proxies = [Proxy(server.port).start() for server in servers[1:]]
+    StallingConnection.sockets = []
+    first = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=StallingConnection, host="127.0.0.1", port=servers[0].port))
+    mgr = LockManager([first, *(p.url for p in proxies)], ttl=10, retry_count=0, restart_window=0)
+    try:
+        mgr.acquire("warm-up", blocking=False).release()  # connections exist: no connect in the round
+
+        def stall():
+            for proxy in proxies:  # the other replies arrive while the client does not run ...
+                proxy.wait_held(lambda held: held.endswith(b"\r\n"), replies=True)
+                proxy.flush_replies()
+            time.sleep(0.05 * 2)  # ... and it stops for two node timeouts: the fault under test
+
+        for proxy in proxies:
+            proxy.hold_replies()
+        [sock] = StallingConnection.sockets
+        sock.stall = stall
+        started = time.monotonic()
+        lock = mgr.acquire("stalled", blocking=False)  # was: "only 1 of 5 nodes answered"
+        assert sock.stall is None and lock.locked()
+        assert lock.validity <= 10 - (time.monotonic() - started)  # the stall is taken off the validity
+        for proxy in proxies:
+            proxy.pass_replies()
+        lock.release()
+    finally:
+        mgr.close()
+        for proxy in proxies:
+            proxy.close()
 
 
 def test_majority_paused_fails_fast_without_blocking(manager, servers):
