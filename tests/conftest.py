@@ -10,6 +10,7 @@ from threads.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,18 @@ def waiters(servers):
     line = Waiters()
     yield line
     line.join()
+
+
+async def eventually_async(check: Callable[[], Any], seconds: float = 5.0) -> Any:
+    """:func:`eventually` for async tests: the event loop runs between the checks (a reply read there may
+    send more, as a release answered NOSCRIPT does)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, f"not true within {seconds} s: {check}"
+            return value
+        await asyncio.sleep(0.05)
 
 
 def eventually(check: Callable[[], Any], seconds: float = 5.0) -> Any:

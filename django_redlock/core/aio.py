@@ -328,9 +328,11 @@ async def afanout(
                 break
             if wake[0].done():
                 wake[0] = loop.create_future()
-            if wait == 0.0:
+            if wait == 0.0 and rnd.grace:
                 await asyncio.sleep(0)  # the outcome is known: let replies already here be read
                 continue
+            # The last look (0.0 once the time is up) waits on a timer too: the loop runs a turn's
+            # due timers after that turn's reads, so the replies already here are booked first.
             timer = loop.call_later(wait, _wake, wake[0])
             try:
                 await wake[0]

@@ -667,7 +667,7 @@ class Wire(ConnState):
         try:
             while True:
                 try:
-                    data = self._sock.recv(262144)
+                    data: bytes = self._sock.recv(262144)
                     break
                 except BlockingIOError:  # nothing yet: wait for it, at most the node timeout
                     now = time.monotonic()

@@ -363,6 +363,7 @@ class Round:
         self.timeout = timeout
         self.deadline = now + timeout
         self.grace = False
+        self.looked = False  # the last look at what arrived, once the time is up
         self.changed = True  # results moved since ``done`` was last asked
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
@@ -498,7 +499,14 @@ class Round:
                 self.grace = True  # outcome known: read what has already arrived, then stop
                 return 0.0
         remaining = self.deadline - now
-        return remaining if remaining > 0 else None
+        if remaining > 0:
+            return remaining
+        if not self.looked:
+            # The time ran out while this process did not run (a long garbage collection, a busy
+            # host): replies that came meanwhile came in time. Read them before judging any missing.
+            self.looked = True
+            return 0.0
+        return None
 
     def finish(self, now: float) -> list[tuple[int, Any]]:
         """Stop waiting. Returns the (node index, connection) pairs whose reply is still due."""
