@@ -145,3 +145,16 @@ async def test_live_locks_count_waiters_and_drop_those_that_give_up(amanager):
     await held.release()
     lock = await stayer
     assert await lock.release() is True
+
+
+async def test_connects_that_finished_while_the_loop_stalled_count(servers):
+    """The loop stops for two node timeouts while a fresh manager connects (a long garbage
+    collection): the connections were made meanwhile, so nodes are not written off."""
+    mgr = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, restart_window=0)
+    try:
+        asyncio.get_running_loop().call_later(0, time.sleep, 0.05 * 2)  # runs once the connects began
+        lock = await mgr.acquire("stalled-connect", blocking=False)  # was: "only 0 of 5 nodes answered"
+        assert lock.locked()
+        await lock.release()
+    finally:
+        await mgr.aclose()

@@ -151,7 +151,7 @@ class AsyncNode:
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
-            await asyncio.wait_for(conn.connect(), self.node_timeout)
+            await _within(conn.connect(), self.node_timeout)
             if conn._reader._buffer:
                 raise ConnectionError("unexpected bytes after the handshake")
             transport = conn._writer.transport
@@ -218,6 +218,31 @@ def _async_class(node: Node) -> type:
     if node.connection_class.__name__ == "SSLConnection":
         return aredis.SSLConnection
     return aredis.Connection
+
+
+async def _within(work: Coroutine[Any, Any, None], timeout: float) -> None:
+    """Await ``work`` for at most ``timeout`` seconds of the loop's own running time.
+
+    A deadline that passes while the loop itself was stopped (a long garbage
+    collection, a busy host) is not the node's fault: when the timer fires later
+    than a quarter of the timeout, the work gets the timeout once more.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    try:
+        for _ in range(2):
+            due = loop.time() + timeout
+            await asyncio.wait((task,), timeout=timeout)
+            if task.done() or loop.time() - due < timeout / 4:
+                break
+    except BaseException:
+        task.cancel()  # cancelled from outside: the work goes with it
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait((task,))
+        raise asyncio.TimeoutError
+    task.result()
 
 
 async def _adisconnect(conn: Any) -> None:
