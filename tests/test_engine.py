@@ -31,7 +31,8 @@ def test_acquire_release_roundtrip(manager, servers):
     assert 9.5 < lock.validity <= 10.0
     assert len(lock.token) == 40 and int(lock.token, 16) >= 0
     assert manager.is_locked("invoice-1")
-    assert sorted(keys_everywhere(servers)) == ["redlock:lock:invoice-1"] * 5
+    # acquire() returns once a quorum granted: the last votes may still be on their way.
+    eventually(lambda: sorted(keys_everywhere(servers)) == ["redlock:lock:invoice-1"] * 5)
     assert lock.release() is True
     assert lock.release() is False  # idempotent
     assert not manager.is_locked("invoice-1")
@@ -74,7 +75,7 @@ def test_quorum_survives_a_minority_killed(manager, servers, killed):
         server.kill()
     lock = manager.acquire("q")
     assert lock.locked()
-    assert len(keys_everywhere(servers)) == 5 - killed
+    eventually(lambda: len(keys_everywhere(servers)) == 5 - killed)
     assert lock.release() is True
     eventually(lambda: keys_everywhere(servers) == [])
 
@@ -242,7 +243,7 @@ def test_release_never_deletes_another_holders_key(manager, servers):
     assert first.release() is False
     assert first.lost  # it expired before release: reported, not silent
     assert manager.is_locked("shared")
-    assert len(keys_everywhere(servers)) == 5
+    eventually(lambda: len(keys_everywhere(servers)) == 5)
     second.release()
 
 
@@ -365,7 +366,7 @@ def test_restarted_node_rejoins(manager, servers):
     servers[0].restart()
     time.sleep(0.6)  # the node's connect cool-off
     lock = manager.acquire("r2")
-    assert len(keys_everywhere(servers)) == 5
+    eventually(lambda: len(keys_everywhere(servers)) == 5)
     lock.release()
 
 
