@@ -131,7 +131,8 @@ def test_reentrant_locks_count_entries_and_release_on_the_outermost(mgr, servers
         with mgr.lock("ra", reentrant=True) as inner:  # part of what is held: entered again
             assert inner is outer
             assert outer._depth == 2
-        assert outer.locked() and stored(servers, "ra")[0] == outer.value.encode()
+        assert outer.locked()
+        eventually(lambda: stored(servers, "ra")[0] == outer.value.encode())
         again = mgr.acquire(["rb", "ra"], reentrant=True)
         assert again is outer and again.release() is True and outer.locked()
         with pytest.raises(LockNotAcquired, match="covers only part of it"):
