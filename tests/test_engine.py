@@ -103,7 +103,7 @@ def test_sigstopped_node_costs_at_most_about_node_timeout(manager, servers):
 
 
 class StallingSocket:
-    """A real socket; the first read after :meth:`arm` runs ``stall`` before returning (the client
+    """A real socket; once ``stall`` is set, the next read runs it before returning (the client
     process stops there, as in a long garbage collection or when descheduled)."""
 
     def __init__(self, sock):
