@@ -164,6 +164,24 @@ def test_replies_that_came_while_the_client_stalled_count(servers):
             proxy.close()
 
 
+def test_a_release_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(servers):
+    """Node E restarted (its script cache is empty) and answers late. The release returns once a
+    quorum deleted the key; E must still delete it (its NOSCRIPT came after the round and was left
+    unread, so the key stayed there for its ttl)."""
+    servers[4].restart()
+    with Proxy(servers[4].port) as late:
+        mgr = LockManager([*servers.urls[:4], late.url], ttl=30, retry_count=0, restart_window=0)
+        try:
+            lock = mgr.acquire("forgotten", blocking=False)  # a plain SET NX: no script runs on E
+            eventually(lambda: len(keys_everywhere(servers)) == 5)
+            late.delay_replies = 0.05
+            assert lock.release() is True
+            eventually(lambda: keys_everywhere(servers) == [])  # was: E kept the key for 30 s
+        finally:
+            late.delay_replies = 0.0
+            mgr.close()
+
+
 def test_majority_paused_fails_fast_without_blocking(manager, servers):
     for server in servers[:3]:
         server.pause()
