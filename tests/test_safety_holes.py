@@ -357,6 +357,7 @@ def test_release_answered_noscript_late_still_runs(servers):
         mgr = LockManager([a.url, pb.url, pc.url], ttl=10, retry_count=0, restart_window=0)
         other = LockManager([a.url, b.url, c.url], ttl=10, retry_count=0, retry_delay=0.1, restart_window=0)
         try:
+            mgr.acquire("warm-up").release()  # each connection has sent the release's source: EVALSHA from now on
             lock = mgr.acquire("res")
             for server in (b, c):
                 raw(server).script_flush()

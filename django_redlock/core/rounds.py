@@ -94,7 +94,7 @@ def ms_text(seconds: float) -> str:
 class ConnState:
     """What the books keep per connection: replies still due, and what its probe learned."""
 
-    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until")
+    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts")
 
     def __init__(self) -> None:
         #: Commands written whose replies have not been read, oldest first.
@@ -105,6 +105,8 @@ class ConnState:
         self.probing = False
         #: A wait in line (BLPOP) written here may keep the replies back until then.
         self.quiet_until = 0.0
+        #: Scripts whose source went out on this connection: its server has them (a restart closes it).
+        self.scripts: set[str] = set()
 
 
 def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
@@ -270,13 +272,12 @@ class NodeBooks:
             self._learn(conn, reply, now)
         elif kind == ledger.WAKE:
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
-        if (
-            entry.retry is not None
-            and type(reply).__name__ == "NoScriptError"
-            and (entry.waiter is not None or kind == ledger.RELEASE)
-        ):
-            # The node forgot the script (a restart): send its source, once, in the same order.
-            # Nobody waits any more: only a release is still worth running (a late extension is not).
+        if entry.retry is not None and type(reply).__name__ == "NoScriptError":
+            conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
+            if entry.waiter is None and kind != ledger.RELEASE:
+                return entry, None
+            # Send the script's source, once, in the same order. Nobody waits any more: only a
+            # release is still worth running (a late extension is not).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
             if entry.waiter is not None:
@@ -406,7 +407,14 @@ class Round:
             retry = self._sources.get(command)
             if retry is None:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
-            if parked_since is not None and self.kind != ledger.RELEASE and self._queued(i, conn, parked_since, now):
+            if self.is_release:
+                if script.sha not in conn.scripts:
+                    # A release may end at a quorum, and a NOSCRIPT read after that is answered only
+                    # when the connection is next used: on a connection that never sent this script
+                    # (a node that restarted has forgotten it), send the source.
+                    command, retry = retry, None
+                    conn.scripts.add(script.sha)
+            elif parked_since is not None and self._queued(i, conn, parked_since, now):
                 # Nobody will wait for this reply, and only a release is resent after a NOSCRIPT
                 # that nobody waits for (see NodeBooks.read): send the source.
                 command, retry = retry, None
