@@ -182,6 +182,27 @@ def test_a_release_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(ser
             mgr.close()
 
 
+def test_a_script_sent_again_after_noscript_gets_its_own_node_timeout(servers):
+    """Three nodes forgot their scripts and answer 30 ms late: NOSCRIPT comes at 30 ms, the source
+    goes out then, and its reply comes at 60 ms, within a node timeout (50 ms) of that write."""
+    proxies = [Proxy(server.port).start() for server in servers[2:]]
+    mgr = LockManager([*servers.urls[:2], *(p.url for p in proxies)], ttl=10, retry_count=0, restart_window=0)
+    try:
+        lock = mgr.acquire("fenced", blocking=False)
+        for server in servers[2:]:
+            redis.Redis(port=server.port).script_flush()
+        for proxy in proxies:
+            proxy.delay_replies = 0.03
+        assert lock.fencing_token > 0  # was: "the fencing token reached 2 nodes, 3 needed"
+        lock.release()
+    finally:
+        for proxy in proxies:
+            proxy.delay_replies = 0.0
+        mgr.close()
+        for proxy in proxies:
+            proxy.close()
+
+
 def test_majority_paused_fails_fast_without_blocking(manager, servers):
     for server in servers[:3]:
         server.pause()
