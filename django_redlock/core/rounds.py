@@ -281,7 +281,7 @@ class NodeBooks:
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
             if entry.waiter is not None:
-                entry.waiter.replaced(entry, again)
+                entry.waiter.replaced(entry, again, now)
             return again, entry.retry
         return entry, None
 
@@ -460,11 +460,13 @@ class Round:
         """All writes are out: each node gets ``timeout`` from now."""
         self.deadline = now + self.timeout
 
-    def replaced(self, old: Entry, new: Entry) -> None:
-        """Our script went again as EVAL after NOSCRIPT: wait for that reply instead."""
+    def replaced(self, old: Entry, new: Entry, now: float) -> None:
+        """Our script went again as EVAL after NOSCRIPT: wait for that reply instead, a node timeout
+        from now (each node gets the timeout from its command's write)."""
         where = self.waiting.pop(old, None)
         if where is not None:
             self.waiting[new] = where
+            self.deadline = max(self.deadline, now + self.timeout)
 
     def take(self, entry: Entry, reply: Any, now: float) -> int | None:
         """Judge our reply for one node; returns that node's index (None if not ours any more)."""
