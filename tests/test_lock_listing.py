@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import redis
-from django.test import Client
 from django.urls import reverse
 
 from django_redlock.core.listing import ORDERS
@@ -264,13 +263,11 @@ async def test_async_listing_reads_a_slice(servers):
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("redlock_settings")
-def test_admin_pages_through_many_locks_in_either_order(servers, admin_user):
+def test_admin_pages_through_many_locks_in_either_order(servers, admin_client):
     fill(servers)
-    client = Client()
-    client.force_login(admin_user)
 
     def shown(**query):
-        page = client.get(reverse("admin:django_redlock_lock_changelist"), query).content.decode()
+        page = admin_client.get(reverse("admin:django_redlock_lock_changelist"), query).content.decode()
         return page, [n for n in names() if f">{n}</a>" in page]
 
     page, rows = shown()
@@ -292,13 +289,11 @@ def test_admin_pages_through_many_locks_in_either_order(servers, admin_user):
 @pytest.mark.django_db
 @pytest.mark.usefixtures("redlock_settings")
 @pytest.mark.parametrize("column", ["resource", "holder", "acquired", "ttl", "nodes", "waiting", "state"])
-def test_admin_sorts_every_column_both_ways_as_the_listing_does(servers, admin_user, manager, column):
+def test_admin_sorts_every_column_both_ways_as_the_listing_does(servers, admin_client, manager, column):
     varied(servers)
-    client = Client()
-    client.force_login(admin_user)
     order = {"acquired": "acquired_at", "nodes": "nodes_holding"}.get(column, column)
     for sign in ("", "-"):
-        page = client.get(reverse("admin:django_redlock_lock_changelist"), {"o": sign + column}).content.decode()
+        page = admin_client.get(reverse("admin:django_redlock_lock_changelist"), {"o": sign + column}).content.decode()
         expected = [r.resource for r in manager.lock_listing(order=sign + order).records]
         shown = sorted(expected, key=lambda resource: page.index(f">{resource}</a>"))
         assert shown == expected and "32 locks" in page
@@ -306,11 +301,9 @@ def test_admin_sorts_every_column_both_ways_as_the_listing_does(servers, admin_u
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("redlock_settings")
-def test_admin_detail_reads_its_one_key(servers, admin_user):
+def test_admin_detail_reads_its_one_key(servers, admin_client):
     varied(servers)
-    client = Client()
-    client.force_login(admin_user)
     scans = commandstats(servers[0], "scan")
-    page = client.get(reverse("admin:django_redlock_lock_detail"), {"resource": "s-split"}).content.decode()
+    page = admin_client.get(reverse("admin:django_redlock_lock_detail"), {"resource": "s-split"}).content.decode()
     assert "Held on 2 of 5 nodes (split between holders)" in page and all(f"<td>h:{n}</td>" in page for n in (1, 2, 3))
     assert page.count("<td>h:") == 4 and commandstats(servers[0], "scan") == scans  # one row a node holding it

@@ -649,7 +649,7 @@ class Wire(ConnState):
             replies.feed(data)
         while True:
             try:
-                reply = self._replies.next()
+                reply = replies.next()
             except ValueError as exc:
                 raise RedisConnectionError(f"Protocol error: {exc}") from None
             if reply is not _INCOMPLETE:
