@@ -11,7 +11,7 @@ import redis
 
 from django_redlock.core import Hooks, LockManager
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
-from tests.conftest import eventually
+from tests.conftest import eventually, on_nodes
 from tests.proxy import Proxy
 
 
@@ -177,6 +177,25 @@ def test_a_release_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(ser
             late.delay_replies = 0.05
             assert lock.release() is True
             eventually(lambda: keys_everywhere(servers) == [])  # was: E kept the key for 30 s
+        finally:
+            late.delay_replies = 0.0
+            mgr.close()
+
+
+def test_an_extension_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(servers):
+    """Node E restarted (its script cache is empty) and answers late. The extension returns once a
+    quorum extended; E must still extend (its NOSCRIPT came after the round and nobody sent the
+    source, so the key there expired at the old ttl)."""
+    servers[4].restart()
+    with Proxy(servers[4].port) as late:
+        mgr = LockManager([*servers.urls[:4], late.url], ttl=30, retry_count=0, restart_window=0)
+        try:
+            lock = mgr.acquire("extended", ttl=2.0, blocking=False)  # a plain SET NX: no script runs on E
+            eventually(lambda: len(keys_everywhere(servers)) == 5)
+            late.delay_replies = 0.03
+            lock.extend(8.0)
+            eventually(lambda: all(t > 2000 for t in on_nodes(servers, "pttl", "extended")))  # was: E's ran out
+            lock.release()
         finally:
             late.delay_replies = 0.0
             mgr.close()
