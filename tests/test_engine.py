@@ -207,6 +207,9 @@ def test_a_script_sent_again_after_noscript_gets_its_own_node_timeout(servers):
     proxies = [Proxy(server.port).start() for server in servers[2:]]
     mgr = LockManager([*servers.urls[:2], *(p.url for p in proxies)], ttl=10, retry_count=0, restart_window=0)
     try:
+        warm = mgr.acquire("warm-up", blocking=False)
+        assert warm.fencing_token > 0  # each connection has sent the script: EVALSHA from now on
+        warm.release()
         lock = mgr.acquire("fenced", blocking=False)
         for server in servers[2:]:
             redis.Redis(port=server.port).script_flush()

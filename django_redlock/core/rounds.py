@@ -407,15 +407,15 @@ class Round:
             retry = self._sources.get(command)
             if retry is None:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
-            if self.is_release and script.sha not in conn.scripts:
-                # A release may end at a quorum, and a NOSCRIPT read after that is answered only when
-                # the connection is next used: on a connection that never sent this script (a node
-                # that restarted has forgotten it), send the source.
+            if script.sha not in conn.scripts:
+                # A round may end at a quorum, and a NOSCRIPT read after that is never answered
+                # with the source (but for a release, see NodeBooks.read): on a connection that
+                # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
             elif not self.is_release and parked_since is not None and self._queued(i, conn, parked_since, now):
                 # Nobody will wait for this reply, and only a release is resent after a NOSCRIPT
-                # that nobody waits for (see NodeBooks.read): send the source.
+                # that nobody waits for: send the source.
                 command, retry = retry, None
         mine = entry_for(command, self.kind, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)

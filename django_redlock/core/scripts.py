@@ -1,7 +1,8 @@
 """Lua scripts the engine runs on each node.
 
-Each script is atomic on its node. Scripts are sent with EVALSHA and fall back
-to EVAL once per connection when the node does not know them yet (NOSCRIPT).
+Each script is atomic on its node. In a fan-out round a connection sends a
+script's source (EVAL) the first time and its hash (EVALSHA) after that; a
+NOSCRIPT reply (the node flushed its scripts) is answered with the source.
 """
 
 from __future__ import annotations
