@@ -114,26 +114,31 @@ def waiters(servers):
     line.join()
 
 
-def _settled(check: Callable[[], Any], deadline: float, seconds: float) -> tuple[bool, Any]:
+Show = Callable[[], Any] | None
+
+
+def _settled(check: Callable[[], Any], deadline: float, seconds: float, show: Show) -> tuple[bool, Any]:
     """``(True, value)`` once ``check()`` is true; fails once the deadline has passed."""
     value = check()
     if not value and time.monotonic() > deadline:
-        raise AssertionError(f"not true within {seconds} s: {check}")
+        seen = f"; {show()!r}" if show is not None else ""
+        raise AssertionError(f"not true within {seconds} s: {check}{seen}")
     return bool(value), value
 
 
-async def eventually_async(check: Callable[[], Any], seconds: float = 5.0) -> Any:
+async def eventually_async(check: Callable[[], Any], seconds: float = 5.0, show: Show = None) -> Any:
     """:func:`eventually` for async tests: the event loop runs between the checks (a reply read there may
     send more, as a release answered NOSCRIPT does)."""
     deadline = time.monotonic() + seconds
-    while not (found := _settled(check, deadline, seconds))[0]:
+    while not (found := _settled(check, deadline, seconds, show))[0]:
         await asyncio.sleep(0.05)
     return found[1]
 
 
-def eventually(check: Callable[[], Any], seconds: float = 5.0) -> Any:
-    """Call ``check`` until it returns something true (returned) or ``seconds`` pass (AssertionError)."""
+def eventually(check: Callable[[], Any], seconds: float = 5.0, show: Show = None) -> Any:
+    """Call ``check`` until it returns something true (returned) or ``seconds`` pass (AssertionError,
+    with ``show()``: what the test saw last)."""
     deadline = time.monotonic() + seconds
-    while not (found := _settled(check, deadline, seconds))[0]:
+    while not (found := _settled(check, deadline, seconds, show))[0]:
         time.sleep(0.05)
     return found[1]

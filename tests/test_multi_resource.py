@@ -57,7 +57,10 @@ def test_all_or_nothing_when_one_member_is_held(mgr, servers):
 def test_one_extension_resets_every_member(mgr, servers):
     lock = mgr.acquire(["x", "y"], ttl=2.0)
     lock.extend(8.0)  # returns once a quorum extended: the last nodes may still be on their way
-    eventually(lambda: all(t > 2000 for t in ttls(servers, "x") + ttls(servers, "y")))
+    eventually(
+        lambda: all(t > 2000 for t in ttls(servers, "x") + ttls(servers, "y")),
+        show=lambda: (ttls(servers, "x"), ttls(servers, "y"), [n.books.down_reason for n in mgr.node_list]),
+    )
     assert lock.validity > 7.0 and lock.extensions == 1
     lock.release()
 
