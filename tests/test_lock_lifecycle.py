@@ -50,8 +50,10 @@ def wait_child(pid, timeout):
 def child_work(manager, parent_lock, i):
     """In a forked child: use the manager, and leave the parent's lock alone."""
     manager.acquire(f"child-{i}", ttl=1.0).release()
-    with manager.lock(f"child-auto-{i}", ttl=0.1, auto_extend=True) as lock:
-        time.sleep(0.25)  # past the ttl: only extension keeps it
+    # A fresh child may stall (copy-on-write faults, a full collection): a ttl of 0.1 s left
+    # 33 ms for the first extension, and CI once lost the lock in that time.
+    with manager.lock(f"child-auto-{i}", ttl=0.5, auto_extend=True) as lock:
+        time.sleep(0.7)  # past the ttl: only extension keeps it
         assert lock.locked() and lock.extensions >= 1
     assert not parent_lock.locked()
     assert parent_lock.release() is False  # the parent's lock is not the child's to release
@@ -65,7 +67,7 @@ def test_forked_children_start_with_a_clean_extender(manager, servers):
     outcomes, held = [], []
     for i in range(5):
         try:
-            with manager.lock(f"parent-{i}", ttl=0.3, auto_extend=True) as lock:  # 0.1 s: fork stalls under load
+            with manager.lock(f"parent-{i}", ttl=0.6, auto_extend=True) as lock:  # 0.1 s: fork stalls under load
                 pid = os.fork()
                 if pid == 0:  # the child: never return into pytest
                     code = 0
