@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -164,41 +165,41 @@ def test_replies_that_came_while_the_client_stalled_count(servers):
             proxy.close()
 
 
-def test_a_release_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(servers):
-    """Node E restarted (its script cache is empty) and answers late. The release returns once a
-    quorum deleted the key; E must still delete it (its NOSCRIPT came after the round and was left
-    unread, so the key stayed there for its ttl)."""
+@contextlib.contextmanager
+def forgetful_late_node(servers):
+    """A manager whose node E restarted (its script cache is empty) and sits behind a proxy: set
+    ``late.delay_replies`` to make it answer after the quorum."""
     servers[4].restart()
     with Proxy(servers[4].port) as late:
         mgr = LockManager([*servers.urls[:4], late.url], ttl=30, retry_count=0, restart_window=0)
         try:
-            lock = mgr.acquire("forgotten", blocking=False)  # a plain SET NX: no script runs on E
-            eventually(lambda: len(keys_everywhere(servers)) == 5)
-            late.delay_replies = 0.05
-            assert lock.release() is True
-            eventually(lambda: keys_everywhere(servers) == [])  # was: E kept the key for 30 s
+            yield mgr, late
         finally:
             late.delay_replies = 0.0
             mgr.close()
+
+
+def test_a_release_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(servers):
+    """The release returns once a quorum deleted the key; E must still delete it (its NOSCRIPT came
+    after the round and was left unread, so the key stayed there for its ttl)."""
+    with forgetful_late_node(servers) as (mgr, late):
+        lock = mgr.acquire("forgotten", blocking=False)  # a plain SET NX: no script runs on E
+        eventually(lambda: len(keys_everywhere(servers)) == 5)
+        late.delay_replies = 0.05
+        assert lock.release() is True
+        eventually(lambda: keys_everywhere(servers) == [])  # was: E kept the key for 30 s
 
 
 def test_an_extension_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(servers):
-    """Node E restarted (its script cache is empty) and answers late. The extension returns once a
-    quorum extended; E must still extend (its NOSCRIPT came after the round and nobody sent the
-    source, so the key there expired at the old ttl)."""
-    servers[4].restart()
-    with Proxy(servers[4].port) as late:
-        mgr = LockManager([*servers.urls[:4], late.url], ttl=30, retry_count=0, restart_window=0)
-        try:
-            lock = mgr.acquire("extended", ttl=2.0, blocking=False)  # a plain SET NX: no script runs on E
-            eventually(lambda: len(keys_everywhere(servers)) == 5)
-            late.delay_replies = 0.03
-            lock.extend(8.0)
-            eventually(lambda: all(t > 2000 for t in on_nodes(servers, "pttl", "extended")))  # was: E's ran out
-            lock.release()
-        finally:
-            late.delay_replies = 0.0
-            mgr.close()
+    """The extension returns once a quorum extended; E must still extend (its NOSCRIPT came after
+    the round and nobody sent the source, so the key there expired at the old ttl)."""
+    with forgetful_late_node(servers) as (mgr, late):
+        lock = mgr.acquire("extended", ttl=2.0, blocking=False)  # a plain SET NX: no script runs on E
+        eventually(lambda: len(keys_everywhere(servers)) == 5)
+        late.delay_replies = 0.03
+        lock.extend(8.0)
+        eventually(lambda: all(t > 2000 for t in on_nodes(servers, "pttl", "extended")))  # was: E's ran out
+        lock.release()
 
 
 def test_a_script_sent_again_after_noscript_gets_its_own_node_timeout(servers):
