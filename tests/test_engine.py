@@ -202,6 +202,26 @@ def test_an_extension_that_ends_at_a_quorum_runs_where_the_script_was_forgotten(
         lock.release()
 
 
+def test_an_extension_that_ends_at_a_quorum_runs_where_a_live_connection_saw_scripts_flushed(servers):
+    """As above, but E forgot the script under a connection that had already sent it (SCRIPT FLUSH):
+    the extension goes as EVALSHA, and E's late NOSCRIPT, read on the node's next use (here the
+    manager's reading of the record), must still be answered with the source."""
+    with forgetful_late_node(servers) as (mgr, late):
+        lock = mgr.acquire("flushed", ttl=2.0, blocking=False)
+        lock.extend(2.0)  # every connection has now sent the extension script
+        redis.Redis(port=servers[4].port).script_flush()
+        late.delay_replies = 0.03
+        lock.extend(8.0)
+        late.delay_replies = 0.0
+
+        def extended_everywhere():
+            mgr.lock_record("flushed")  # uses every node: late replies are read
+            return all(t > 2000 for t in on_nodes(servers, "pttl", "flushed"))
+
+        eventually(extended_everywhere, show=lambda: on_nodes(servers, "pttl", "flushed"))  # was: E's ran out
+        lock.release()
+
+
 def test_a_script_sent_again_after_noscript_gets_its_own_node_timeout(servers):
     """Three nodes forgot their scripts and answer 30 ms late: NOSCRIPT comes at 30 ms, the source
     goes out then, and its reply comes at 60 ms, within a node timeout (50 ms) of that write."""

@@ -1,7 +1,8 @@
 """A nemesis: random faults from the chooser, all healed by a given time.
 
 Faults: node crash + restart, node pause (SIGSTOP), partition of a node from
-some clients, a connection reset, a client GC pause, and (kind
+some clients, a connection reset, a client GC pause, a node's script cache
+flushed under open connections (``"flush_scripts"``), and (kind
 ``"kill_client"``, when a ``respawn`` callback is set) a client process killed
 and replaced by a new one. At ``until`` every fault
 heals (paused nodes resume, partitions heal, frozen clients thaw, crashed
@@ -103,6 +104,11 @@ class Nemesis:
                     self._faulty[node.name] = world.now + dt
                     some = [c for c in self.clients if world.chance(0.5, "partitioned client")] or self.clients
                     self.network.partition(node, some, duration=dt)
+        elif kind == "flush_scripts":
+            up = [n for n in self.nodes if n.up]
+            if up:
+                self.injected += 1
+                world.choose(up, "flushed node").flush_scripts()
         elif kind == "drop":
             live = [c for c in self.network.connections if not c.dead and c.state == "open"]
             if live:

@@ -252,6 +252,11 @@ class SimNode:
         self.crash()
         self.world.after(down_for, self.start)
 
+    def flush_scripts(self) -> None:
+        """SCRIPT FLUSH: the node forgets its scripts; connections stay open."""
+        self.world.note(self.name, "SCRIPT FLUSH")
+        self.scripts.clear()
+
     def pause(self) -> None:
         """SIGSTOP: input is accepted and buffered, nothing is answered."""
         if self.up:

@@ -176,7 +176,8 @@ def contend(
 
 
 def default_faults(restart_after: float = 0.0) -> FaultConfig:
-    return FaultConfig(kinds=("crash", "pause_node", "partition", "drop", "pause_client", "kill_client"),
+    return FaultConfig(kinds=("crash", "pause_node", "partition", "drop", "pause_client", "kill_client",
+                              "flush_scripts"),
                        mean_gap=0.3, max_duration=1.5, max_down=1.5, restart_after=restart_after,
                        progress_within=4.0)
 
