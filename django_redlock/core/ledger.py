@@ -52,6 +52,11 @@ SET = 1  # SET key value NX PX: a vote
 RELEASE = 2  # the compare-and-delete script
 PROBE_REPLY = 3
 WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
+EXTEND = 5  # the extension script
+
+#: Kinds worth running after their round has ended: a late release or extension only acts while
+#: its value still holds the key (a late vote could leave a key nobody holds).
+LATE_WORTH_RUNNING = (RELEASE, EXTEND)
 
 #: Marks the entry whose reply the current caller waits for.
 MINE = object()
@@ -103,7 +108,7 @@ def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: tuple[Any, 
     if kind == RELEASE:
         key, value = pair_of(command)
         return Entry(RELEASE, key, value, waiter=waiter, retry=retry)
-    return Entry(OTHER, waiter=waiter, retry=retry)
+    return Entry(kind, waiter=waiter, retry=retry)
 
 
 def debt_command(command: Sequence[Any], source: str) -> tuple[Any, ...]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from django_redlock.core import ledger
 from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, entry_for, pair_of
-from django_redlock.core.scripts import ACQUIRE, RELEASE, Script
+from django_redlock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
 
 __all__ = [
     "COOL_OFF",
@@ -274,10 +274,9 @@ class NodeBooks:
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
-            if entry.waiter is None and kind != ledger.RELEASE:
+            if entry.waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
                 return entry, None
-            # Send the script's source, once, in the same order. Nobody waits any more: only a
-            # release is still worth running (a late extension is not).
+            # Send the script's source, once, in the same order (also when nobody waits any more).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
             if entry.waiter is not None:
@@ -352,7 +351,11 @@ class Round:
         self.is_release = script is RELEASE
         first = next((c for c in commands if c is not None), None)
         is_vote = script is ACQUIRE or (first is not None and first[0] == "SET")
-        self.kind = ledger.RELEASE if self.is_release else ledger.SET if is_vote else ledger.OTHER
+        self.kind = (
+            ledger.RELEASE
+            if self.is_release
+            else ledger.SET if is_vote else ledger.EXTEND if script is EXTEND else ledger.OTHER
+        )
         self.block = block
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging
@@ -408,15 +411,11 @@ class Round:
             if retry is None:
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
             if script.sha not in conn.scripts:
-                # A round may end at a quorum, and a NOSCRIPT read after that is never answered
-                # with the source (but for a release, see NodeBooks.read): on a connection that
+                # A round may end at a quorum, and a NOSCRIPT read after that is answered with the
+                # source only where that is worth it (see NodeBooks.read): on a connection that
                 # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
-            elif not self.is_release and parked_since is not None and self._queued(i, conn, parked_since, now):
-                # Nobody will wait for this reply, and only a release is resent after a NOSCRIPT
-                # that nobody waits for: send the source.
-                command, retry = retry, None
         mine = entry_for(command, self.kind, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
