@@ -307,7 +307,7 @@ async def afanout(
 
     def write(i: int, aconn: AConn, since: float | None) -> None:
         anode = anodes[i]
-        wire = rnd.write(i, aconn, since, now)
+        wire = rnd.write(i, aconn, now)
         error = None
         try:
             anode.write(aconn, wire, packed)

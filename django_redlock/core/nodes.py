@@ -272,12 +272,12 @@ class Node:
                     return None
                 kind, conn, since = choice
                 if kind == PARKED:
-                    return conn, since, rnd.write(i, conn, since, now)
+                    return conn, since, rnd.write(i, conn, now)
                 if kind == NEW:
                     break
                 # A connection idle for a while may have been closed by a restart: look first.
                 if now - since < IDLE_CHECK or _idle_ok(conn):  # type: ignore[operator]
-                    return conn, None, rnd.write(i, conn, None, now)
+                    return conn, None, rnd.write(i, conn, now)
                 _disconnect(conn)
         conn = None
         try:
@@ -291,7 +291,7 @@ class Node:
                 rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), time.monotonic())
             return None
         with self._mutex:
-            return wire, None, rnd.write(i, wire, None, now)
+            return wire, None, rnd.write(i, wire, now)
 
     def checkin(self, conn: Any, since: float, pid: int | None = None) -> None:
         if (os.getpid() if pid is None else pid) != self._pid:

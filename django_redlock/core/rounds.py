@@ -15,7 +15,7 @@ simulator) move the bytes and read the clock::
     for i in range(len(books)):
         choice = rnd.choose(i, now)            # (kind, conn, since) or None
         ...connect if kind is NEW...
-        wire = rnd.write(i, conn, since, now)   # commands to send, in order
+        wire = rnd.write(i, conn, now)          # commands to send, in order
         ...send... ; rnd.written(i, conn, since, now, error)
     rnd.start(now)
     while (wait := rnd.wait_time(now)) is not None:
@@ -400,7 +400,7 @@ class Round:
         self.books[i].connect_failed(reason, now)
         self.results[i] = Failure(reason)
 
-    def write(self, i: int, conn: Any, parked_since: float | None, now: float) -> list[Command]:
+    def write(self, i: int, conn: Any, now: float) -> list[Command]:
         """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
         command = self.commands[i]
         assert command is not None

@@ -495,7 +495,7 @@ class _SimRound:
 
     def write(self, i: int, conn: SimConn, since: float | None) -> None:
         now = self.client.proc.now()
-        commands = self.rnd.write(i, conn, since, now)
+        commands = self.rnd.write(i, conn, now)
         ok = self.client._send(conn, commands)
         books = self.client.books[i]
         if self.rnd.written(i, conn, since, now, None if ok else "connection lost") and conn not in books.parked:
