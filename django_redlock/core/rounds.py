@@ -348,14 +348,15 @@ class Round:
             timeout += quiet_for(block)  # each node's vote comes after its wait in line
         self.done = done
         self.script = script
-        self.is_release = script is RELEASE
         first = next((c for c in commands if c is not None), None)
-        is_vote = script is ACQUIRE or (first is not None and first[0] == "SET")
-        self.kind = (
-            ledger.RELEASE
-            if self.is_release
-            else ledger.SET if is_vote else ledger.EXTEND if script is EXTEND else ledger.OTHER
-        )
+        if script is RELEASE:
+            self.kind = ledger.RELEASE
+        elif script is EXTEND:
+            self.kind = ledger.EXTEND
+        elif script is ACQUIRE or (first is not None and first[0] == "SET"):
+            self.kind = ledger.SET  # a vote
+        else:
+            self.kind = ledger.OTHER
         self.block = block
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging
@@ -388,7 +389,7 @@ class Round:
             self.results[i] = Failure("skipped")
             return None
         after = None
-        if self.ordered_after_key is not None and self.is_release:
+        if self.ordered_after_key is not None and self.kind == ledger.RELEASE:
             after = pair_of(self.commands[i])  # type: ignore[arg-type]
         try:
             return self.books[i].choose(after, self.allow_lagging, now)
