@@ -380,11 +380,11 @@ class AsyncLock(LockBase):
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the ttl on a quorum within the current validity; see :meth:`Lock.extend`."""
-        await self._extend(ttl, counted=True)
+        await self._extend(ttl, automatic=False)
 
-    async def _extend(self, ttl: float | None, *, counted: bool) -> None:
+    async def _extend(self, ttl: float | None, *, automatic: bool) -> None:
         manager = self.manager
-        await manager._run(steps.extend(self, ttl, counted, manager.quorum, len(manager.node_list)))
+        await manager._run(steps.extend(self, ttl, automatic, manager.quorum, len(manager.node_list)))
 
     async def release(self) -> bool:
         """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""
@@ -499,7 +499,7 @@ async def _keep_alive_loop(watch: Any) -> None:
         action = next_action(watch, lock)
         if action == "extend":
             try:
-                await lock._extend(None, counted=watch.stop_extending_at is None)
+                await lock._extend(None, automatic=True)
                 watch.failure = None
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)

@@ -221,7 +221,7 @@ class Extender:
         action = next_action(watch, lock)
         if action == "extend":
             try:
-                lock._extend(None, counted=watch.stop_extending_at is None)
+                lock._extend(None, automatic=True)
                 watch.failure = None
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)

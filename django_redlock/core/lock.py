@@ -148,8 +148,10 @@ class LockBase:
         #: Seconds the keys live on the nodes (the last ttl asked for).
         self.ttl = ttl
         self._deadline: float = started + ttl - manager.config.drift(ttl)
-        #: How many times :meth:`extend` succeeded.
+        #: How many times the lock was extended (by :meth:`extend` or automatically).
         self.extensions = 0
+        # The caller's own extensions: only these count against max_extensions.
+        self._counted_extensions = 0
         #: True once the lock is known to be expired or taken over.
         self.lost = False
         self.lost_reason: str | None = None
@@ -280,7 +282,7 @@ class LockBase:
         if self.lost:
             raise base.lost_error(self.resource, self.lost_reason or "it was marked lost")
         limit = self.max_extensions
-        if counted and limit is not None and self.extensions >= limit:
+        if counted and limit is not None and self._counted_extensions >= limit:
             raise base.extension_limit_error(self, limit)
         new_ttl = self.manager.config.lock_ttl(ttl, self.ttl)  # never above max_ttl
         if self.validity <= 0:
@@ -289,7 +291,9 @@ class LockBase:
             raise base.lost_error(self.resource, reason)
         return new_ttl
 
-    def _judge_extend(self, results: list[Any], started: float, old_deadline: float, ttl: float) -> None:
+    def _judge_extend(
+        self, results: list[Any], started: float, old_deadline: float, ttl: float, counted: bool
+    ) -> None:
         """Apply an EXTEND fan-out's replies; raise :class:`LockLost` when it did not hold."""
         manager = self.manager
         quorum = manager.quorum
@@ -302,6 +306,7 @@ class LockBase:
             self.ttl = ttl
             self._deadline = started + ttl - manager.config.drift(ttl)
             self.extensions += 1
+            self._counted_extensions += int(counted)
             base.call_hook(manager.config.hooks, "extended", self)
             return
         refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
@@ -382,11 +387,11 @@ class Lock(LockBase):
         :class:`~django_redlock.exceptions.LockLost` otherwise (``lost`` is set
         when a quorum no longer holds the key or the validity is gone).
         """
-        self._extend(ttl, counted=True)
+        self._extend(ttl, automatic=False)
 
-    def _extend(self, ttl: float | None, *, counted: bool) -> None:
+    def _extend(self, ttl: float | None, *, automatic: bool) -> None:
         manager = self.manager
-        steps.run_sync(steps.extend(self, ttl, counted, manager.quorum, len(manager.node_list)), manager._perform)
+        steps.run_sync(steps.extend(self, ttl, automatic, manager.quorum, len(manager.node_list)), manager._perform)
 
     def release(self) -> bool:
         """Delete this holder's key on every node (never another holder's).

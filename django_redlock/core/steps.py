@@ -218,8 +218,13 @@ def _place(plan: base.Attempts) -> str:
     return "" if plan.mode == "once" else plan.place
 
 
-def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
-    """Reset the lock's ttl on a quorum, within its current validity; see :meth:`Lock.extend`."""
+def extend(lock: Any, ttl: Any, automatic: bool, quorum: int, total: int) -> Step:
+    """Reset the lock's ttl on a quorum, within its current validity; see :meth:`Lock.extend`.
+
+    The caller's own extensions count against ``max_extensions``; automatic ones
+    (the watchdog's) do not: ``max_hold`` bounds those.
+    """
+    counted = not automatic
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
     started = yield NOW
@@ -231,7 +236,7 @@ def extend(lock: Any, ttl: Any, counted: bool, quorum: int, total: int) -> Step:
         script=EXTEND,
         allow_lagging=False,
     )
-    lock._judge_extend(results, started, old_deadline, new_ttl)
+    lock._judge_extend(results, started, old_deadline, new_ttl, counted)
 
 
 def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Step:

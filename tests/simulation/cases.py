@@ -423,7 +423,7 @@ def member_force_released_under_a_lock(seed: int) -> Sim:
                 raise error
             _release(a, lock)
 
-        a.run(steps.extend(lock, None, True, a.quorum, a.total), extended)
+        a.run(steps.extend(lock, None, False, a.quorum, a.total), extended)
 
     world.at(START, _acquire, a, ("r0", "r1"), a_acquired)
     world.run_until(START + 2)

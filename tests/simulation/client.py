@@ -69,6 +69,7 @@ class SimClient:
         clock_drift_factor: float | None = None,
         wall_offset: float = 0.0,
         fsync_declared: bool = False,
+        max_extensions: int | None = 2,
     ) -> None:
         self.sim = sim
         self.world = sim.world
@@ -83,6 +84,8 @@ class SimClient:
             retry_jitter=retry_jitter,
             restart_window=restart_window,
             clock_drift_factor=sim.drift if clock_drift_factor is None else clock_drift_factor,
+            # Low: a caller extends once per hold, the watchdog up to three times (a hold of 2.5 ttls).
+            max_extensions=max_extensions,
         )
         self.config.clock = self.proc.now
         self.config.make_holder = self._holder
@@ -352,7 +355,7 @@ class SimClient:
                     else:
                         raise error
 
-                self.run(steps.extend(lock, None, True, self.quorum, self.total), extended)
+                self.run(steps.extend(lock, None, False, self.quorum, self.total), extended)
                 return
             self.proc.after_local(world.uniform(0.0, lock.ttl / 2, "hold"), release)
 
@@ -388,6 +391,8 @@ class SimClient:
                                      deadline_local=lock._deadline)
             elif isinstance(error, Exception):
                 note_extend_error(watch, lock, error)
+                if watch.stopped is not None:  # there is no max_hold here: nothing else may stop it
+                    checker.stopped_extending(self.proc, lock.resources, watch.stopped)
             schedule()
 
         def checked(results: list[Any]) -> None:

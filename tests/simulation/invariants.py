@@ -32,7 +32,11 @@ holding of every member. Each promise below holds per member:
     late delivery happened for its place's lifetime (its wait slice +
     ``PLACE_MARGIN``) plus one more slice and server tick (a vote written
     behind a BLPOP runs that much after its bytes land) (+ drift and slack),
-    its place is in no node's waiting line of any of its resources.
+    its place is in no node's waiting line of any of its resources;
+(i) automatic extension: a watchdog with no ``max_hold`` stops extending a
+    lock only once the lock is lost or released, never for a limit (the
+    caller's own extensions count against ``max_extensions``, the watchdog's
+    do not).
 
 With ``fair=True`` (runs without faults), two more:
 
@@ -302,6 +306,11 @@ class Checker:
     def gave_up(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None = None) -> None:
         """The client abandoned ``value`` (a failed attempt, or a lock it lost)."""
         self._ended(client, resource, value, ttl, "GAVE_UP")
+
+    def stopped_extending(self, client: Process, resource: str | Iterable[str], why: str) -> None:
+        """The client's watchdog (no ``max_hold``) stopped extending a lock that is still held."""
+        self._fail(f"(i) automatic extension: {client.name}'s watchdog stopped extending "
+                   f"{name_of(members(resource))!r}, which only max_hold may end: {why}")
 
     def expect_progress(self, within: float) -> None:
         """Require some acquisition within ``within`` true seconds from now."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, ledger, rounds
+from django_redlock.core import base, ledger, rounds, steps
 
 from .network import NetConfig
 from .redis_model import SimNode
@@ -227,6 +227,16 @@ def fence_below_quorum() -> Any:
     return _patch(base, "check_fence_written", accept)
 
 
+def automatic_extensions_counted() -> Any:
+    """The watchdog's extensions count against max_extensions, as the caller's own do."""
+    real = steps.extend
+
+    def counted(lock: Any, ttl: Any, automatic: bool, quorum: int, total: int) -> Any:
+        return real(lock, ttl, False, quorum, total)
+
+    return _patch(steps, "extend", counted)
+
+
 #: name -> (mutant, simulation options that give it a chance to show)
 MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "quorum N//2": (quorum_half, {}),
@@ -268,6 +278,8 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "extend checks the first member": (extend_checks_the_first_member, {}),
     # Wall clocks disagree by more than a fencing round: a token floored at a slow wall clock is low.
     "fencing token from the first member's counter": (fence_from_the_first_member, {"wall_skew": 0.45}),
+    # The simulated clients allow two extensions; a watchdog's long hold needs three.
+    "automatic extensions counted": (automatic_extensions_counted, {}),
 }
 
 
