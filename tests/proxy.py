@@ -42,6 +42,7 @@ class Pipe:
         self.down_held = bytearray()
         self.down_seen = bytearray()  # every byte the server sent on this pipe
         self.damaged = False  # bytes were lost in a partition
+        self.reset = False  # the client's side was reset
 
     def __repr__(self) -> str:
         return f"<Pipe #{self.number} held={len(self.up_held)}/{len(self.down_held)} closed={self.client_closed}>"
@@ -63,6 +64,9 @@ class Proxy:
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
     * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
       command went through (everything later is lost, both ways) and its end.
+    * ``reset_loses_held``: a reset of a client's connection loses the client->server
+      bytes still on their way, held or delayed (by default they are delivered later, even
+      after the client left).
     """
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
@@ -81,6 +85,10 @@ class Proxy:
         self.closed = False
         self.cut_pattern: bytes | None = None
         self.cut = False  # a partition: every byte, both ways, on every connection, is lost
+        #: A reset of the client's connection (closed with unread bytes, or sent bytes after it
+        #: closed) loses the client->server bytes still on their way (held or delayed): a node's
+        #: stack refuses what comes after the reset.
+        self.reset_loses_held = False
         self._threads: list[threading.Thread] = []
 
     # -- life cycle --------------------------------------------------------
@@ -144,6 +152,9 @@ class Proxy:
                 data = bytes(pipe.up_held)
                 pipe.up_held.clear()
                 pipe.up_frozen = False
+                if self._lost_to_reset(pipe):
+                    _shutdown_write(pipe.upstream)
+                    continue
                 try:
                     pipe.upstream.sendall(data)
                 except OSError:
@@ -262,11 +273,23 @@ class Proxy:
             self._spawn(self._pump_up, pipe)
             self._spawn(self._pump_down, pipe)
 
+    def _lost_to_reset(self, pipe: Pipe) -> bool:
+        """With :attr:`reset_loses_held`: True once the client's side was reset (closed with unread
+        bytes, or sent bytes after it closed); the bytes not delivered to the server yet are lost."""
+        if self.reset_loses_held and not pipe.reset:
+            try:
+                pipe.reset = pipe.client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+            except OSError:
+                pass
+        return self.reset_loses_held and pipe.reset
+
     def _pump_up(self, pipe: Pipe) -> None:
         """client -> server."""
         while True:
             try:
                 data = pipe.client.recv(_CHUNK)
+            except ConnectionResetError:
+                pipe.reset, data = True, b""
             except OSError:
                 data = b""
             if not data:
@@ -274,6 +297,8 @@ class Proxy:
             if self.delay_requests:
                 time.sleep(self.delay_requests)  # the fault under test: late delivery
             with self.cond:
+                if self._lost_to_reset(pipe):
+                    continue
                 if self.cut:
                     pipe.damaged = True
                     continue
@@ -293,6 +318,9 @@ class Proxy:
                     self.cond.notify_all()
         with self.cond:
             pipe.client_closed = True
+            if self._lost_to_reset(pipe):
+                pipe.up_held.clear()
+                pipe.up_frozen = False
             keep = pipe.up_frozen
             self.cond.notify_all()
         if not keep:

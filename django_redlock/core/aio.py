@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -140,7 +140,9 @@ class AsyncNode:
                     self._pid = os.getpid()
                 books = self._pools.get(loop)
                 if books is None:
-                    books = self._pools[loop] = NodeBooks(self.node.name, self.node_timeout, self.node.fsync_always)
+                    books = self._pools[loop] = NodeBooks(
+                        self.node.name, self.node_timeout, self.node.fsync_always, self.node.history
+                    )
         return books
 
     def _conns(self) -> list[AConn]:
@@ -148,6 +150,7 @@ class AsyncNode:
         return [conn for conn, _ in books.idle] + list(books.parked)
 
     async def connect(self, books: NodeBooks) -> AConn:
+        await _close_at_loop_end(self)
         conn = None
         try:
             conn = self.connection_class(**self.kwargs)
@@ -212,6 +215,49 @@ class AsyncNode:
         books.idle.clear()
 
 
+async def _settle_and_close(anodes: Sequence[AsyncNode]) -> None:
+    """Close the nodes' connections on the running loop once the replies still due were read
+    (at most one node timeout in all)."""
+    deadline = time.monotonic() + max((anode.node_timeout for anode in anodes), default=0.0)
+    for anode in anodes:
+        await anode.settle(deadline)
+        await anode.close()
+
+
+#: Per event loop: the nodes that made connections on it, and what the loop's shutdown runs for them.
+_LOOP_ENDS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[weakref.WeakSet[AsyncNode], AsyncGenerator[None, None]]
+] = weakref.WeakKeyDictionary()
+
+
+async def _close_at_loop_end(anode: AsyncNode) -> None:
+    """Have the running loop settle and close ``anode``'s connections when it shuts down."""
+    loop = asyncio.get_running_loop()
+    known = _LOOP_ENDS.get(loop)
+    if known is None:
+        nodes: weakref.WeakSet[AsyncNode] = weakref.WeakSet()
+        end = _at_loop_end(nodes)
+        _LOOP_ENDS[loop] = nodes, end
+        await end.asend(None)  # its first step: from now on the loop closes it at its shutdown
+    else:
+        nodes = known[0]
+    nodes.add(anode)
+
+
+async def _at_loop_end(nodes: weakref.WeakSet[AsyncNode]) -> AsyncGenerator[None, None]:
+    """Settle and close ``nodes``' connections when the loop shuts down its async generators
+    (``asyncio.run`` does, before it closes the loop), as :meth:`AsyncLockManager.aclose` would.
+
+    A release that ended at a quorum leaves the last replies coming; a program that ends
+    without ``aclose()`` would exit with them unread, and a socket closed like that is reset.
+    """
+    try:
+        yield
+    finally:
+        _LOOP_ENDS.pop(asyncio.get_running_loop(), None)
+        await _settle_and_close(list(nodes))
+
+
 def _async_class(node: Node) -> type:
     if node.path:
         return aredis.UnixDomainSocketConnection
@@ -267,6 +313,13 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+async def _look(loop: asyncio.AbstractEventLoop) -> None:
+    """Return once the loop has read what already arrived: it runs a turn's due timers after that turn's reads."""
+    looked = loop.create_future()
+    loop.call_later(0.0, _wake, looked)
+    await looked
+
+
 async def afanout(
     anodes: Sequence[AsyncNode],
     commands: Sequence[tuple[Any, ...] | None],
@@ -286,6 +339,13 @@ async def afanout(
     loop = asyncio.get_running_loop()
     pid = os.getpid()
     books = [anode.books_for(loop, pid) for anode in anodes]  # looked up once per fan-out
+    for book in books:
+        if book.parked and book.lagging(now):
+            # Replies overdue by the clock may be here, unread while the loop did not run (a blocking
+            # call, a long garbage collection): the loop reads them before any node is judged silent.
+            await _look(loop)
+            now = time.monotonic()
+            break
     rnd = Round(
         books,
         commands,
@@ -435,8 +495,9 @@ class AsyncLock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.release()
-        if self.lost and exc_type is None and not self._forked():
-            raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
+        error = self._lost_error()
+        if error is not None and exc_type is None:
+            raise error
 
 
 class AsyncLockContext(ContextBase):
@@ -670,11 +731,9 @@ class AsyncLockManager(ManagerBase):
 
     async def aclose(self) -> None:
         """Close every connection made on the running loop, once the replies still due were read
-        (at most the node timeout; see :meth:`LockManager.close`)."""
-        deadline = time.monotonic() + self.config.node_timeout
-        for anode in self.anodes:
-            await anode.settle(deadline)
-            await anode.close()
+        (at most the node timeout; see :meth:`LockManager.close`). The loop's shutdown
+        (``asyncio.run`` ending) does the same for a program that does not call this."""
+        await _settle_and_close(self.anodes)
 
     async def __aenter__(self) -> AsyncLockManager:
         return self

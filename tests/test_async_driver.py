@@ -1,0 +1,124 @@
+"""The asyncio driver against real ``redis-server`` processes: a stalled loop, and exiting without ``aclose()``.
+
+Replies that already arrived are read before any node is judged silent (the
+sync driver too), and a release that returned at a quorum still reaches the
+last nodes when the program ends without closing its manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.exceptions import LockNotAcquired
+from tests.conftest import eventually, on_nodes
+from tests.proxy import Proxy
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = 20
+STALL = 0.1  # a loop that does not run for twice the node timeout
+OTHERS = 6
+OPTIONS = {"ttl": 10, "retry_count": 0, "node_timeout": 0.05, "restart_window": 0}
+
+
+async def test_replies_that_arrived_during_a_loop_stall_are_read_before_a_node_is_judged_silent(servers):
+    """Other tasks' commands are in flight (releases that returned at a quorum leave the last
+    replies coming, acquires wait for theirs) when the loop stalls; the next acquire must succeed."""
+    mgr = AsyncLockManager(servers.urls, **OPTIONS)
+    failed: list[str] = []
+    try:
+        for lock in await asyncio.gather(*(mgr.acquire(f"warm-{k}") for k in range(OTHERS))):
+            await lock.release()
+        for run in range(RUNS):
+            others = [asyncio.ensure_future(mgr.acquire(f"other-{run}-{k}")) for k in range(OTHERS)]
+            await asyncio.sleep(0)  # one turn: each task writes its commands and waits for the replies
+            time.sleep(STALL)  # the fault: a blocking call on the loop; every reply arrives meanwhile
+            try:
+                lock = await mgr.acquire(f"after-stall-{run}")
+            except LockNotAcquired as exc:
+                failed.append(str(exc))
+            else:
+                await lock.release()
+            for other in await asyncio.gather(*others):
+                await other.release()
+    finally:
+        await mgr.aclose()
+    assert not failed, f"{len(failed)} of {RUNS} acquires failed after a {STALL * 1000:.0f} ms stall: {failed[0]}"
+
+
+def test_replies_that_arrived_during_a_stall_are_read_before_a_node_is_judged_silent_sync(servers):
+    """The sync driver, the same way: releases that returned at a quorum, then a stall in the thread."""
+    mgr = LockManager(servers.urls, **OPTIONS)
+    failed: list[str] = []
+    try:
+        for run in range(RUNS):
+            for k in range(OTHERS):
+                mgr.acquire(f"other-{run}-{k}").release()
+            time.sleep(STALL)  # the fault: the thread does not run; the last replies arrive meanwhile
+            try:
+                lock = mgr.acquire(f"after-stall-{run}")
+            except LockNotAcquired as exc:
+                failed.append(str(exc))
+            else:
+                lock.release()
+    finally:
+        mgr.close()
+    assert not failed, f"{len(failed)} of {RUNS} acquires failed after a {STALL * 1000:.0f} ms stall: {failed[0]}"
+
+
+# -- a release at the end of a program that never closes its manager ------------------------------
+
+SLOW = 0.5  # how late the last two nodes read each command
+PROGRAM = {
+    "async": """
+        import asyncio, sys
+        from django_redlock.core import AsyncLockManager
+
+        async def main():
+            mgr = AsyncLockManager(sys.argv[1:], ttl=30, retry_count=0, node_timeout=3.0, restart_window=0)
+            lock = await mgr.acquire("left-at-exit")
+            assert await lock.release()
+
+        asyncio.run(main())  # no aclose()
+    """,
+    "sync": """
+        import sys
+        from django_redlock.core import LockManager
+
+        mgr = LockManager(sys.argv[1:], ttl=30, retry_count=0, node_timeout=3.0, restart_window=0)
+        lock = mgr.acquire("left-at-exit")
+        assert lock.release()  # no close()
+    """,
+}
+
+
+@pytest.mark.parametrize("engine", ["async", "sync"])
+def test_a_release_at_exit_without_closing_reaches_the_slow_nodes(servers, engine):
+    """Acquire and release return at a quorum; the program exits without closing its manager while
+    the last two nodes have read the vote but not the release behind it. The vote's reply arrives
+    after (or just before) the exit: a socket closed with a reply still coming is reset, and the reset
+    loses the release those nodes had not read."""
+    slow = [Proxy(server.port).start() for server in servers[3:]]
+    urls = [server.url for server in servers[:3]] + [proxy.url for proxy in slow]
+    try:
+        for proxy in slow:
+            proxy.reset_loses_held = True
+            proxy.delay_requests = SLOW
+        child = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(PROGRAM[engine]), *urls],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert child.returncode == 0, child.stderr
+        for proxy in slow:  # a node closes a connection after it ran what it read before the end
+            eventually(lambda: all(pipe.upstream_closed for pipe in proxy.pipes), 10, proxy.pipes.copy)
+        assert on_nodes(servers, "get", "left-at-exit") == [None] * len(servers)
+    finally:
+        for proxy in slow:
+            proxy.close()
