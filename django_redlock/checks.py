@@ -38,6 +38,7 @@ class Codes:
     EVICTION = "django_redlock.W007"
     UNREACHABLE = "django_redlock.W008"
     SAME_HOST = "django_redlock.W009"
+    NOT_FSYNCING = "django_redlock.W010"
 
 
 class Messages:
@@ -62,6 +63,10 @@ class Messages:
     EVICTION = "Redlock node {node} has maxmemory-policy {policy}: it may evict lock keys under memory pressure."
     UNREACHABLE = "Redlock node {node} did not answer: {error}."
     SAME_HOST = "Redlock nodes {nodes} run on one host ({host}): they fail together."
+    NOT_FSYNCING = (
+        "Redlock node {node} is declared FSYNC_ALWAYS but runs appendonly {appendonly} with appendfsync "
+        "{appendfsync}: it votes right after a restart although it may have lost locks."
+    )
 
 
 class Hints:
@@ -90,6 +95,10 @@ class Hints:
     EVICTION = "Set 'maxmemory-policy noeviction' on every lock node."
     UNREACHABLE = "Check the node's address, password and firewall; run 'manage.py redlock status'."
     SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
+    NOT_FSYNCING = (
+        "Run the node with 'appendonly yes' and 'appendfsync always', or remove 'FSYNC_ALWAYS' from its entry "
+        "in REDLOCK_NODES (it then sits out for RESTART_WINDOW after each restart)."
+    )
 
 
 def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
@@ -173,13 +182,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return errors
 
 
+def _config_word(reply: Any) -> str | None:
+    """The value of a ``CONFIG GET name`` reply, None when it was refused or did not come."""
+    if isinstance(reply, list) and len(reply) == 2:
+        return reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    return None
+
+
 @register(TAG, NODES_TAG, deploy=True)
 def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node.
 
     Reports nodes that do not answer, nodes that refuse INFO (they cannot
     vote), replicas, one server listed under two addresses (same run id),
-    several nodes on one host, and eviction policies that could drop lock keys.
+    several nodes on one host, eviction policies that could drop lock keys, and
+    nodes declared ``FSYNC_ALWAYS`` whose CONFIG says otherwise.
     """
     from django_redlock.core.nodes import Failure, fanout, parse_info
 
@@ -190,7 +207,15 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     infos = fanout(nodes, [("INFO", "server")] * len(nodes), timeout=1.0)
     roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
     policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
+    aof = fanout(nodes, [("CONFIG", "GET", "appendonly")] * len(nodes), timeout=1.0)
+    fsync = fanout(nodes, [("CONFIG", "GET", "appendfsync")] * len(nodes), timeout=1.0)
     run_ids: dict[str, list[str]] = {}
+    for node, appendonly, appendfsync in zip(nodes, aof, fsync):
+        # What CONFIG says now only warns; the declaration alone decides the vote.
+        said = [_config_word(appendonly), _config_word(appendfsync)]
+        if node.fsync_always and None not in said and said != ["yes", "always"]:
+            values = {"node": node.name, "appendonly": said[0], "appendfsync": said[1]}
+            errors.append(Warning(Messages.NOT_FSYNCING.format(**values), hint=Hints.NOT_FSYNCING, id=Codes.NOT_FSYNCING))
     for node, info, role, policy in zip(nodes, infos, roles, policies):
         if isinstance(info, Failure) and info.answered:
             # INFO refused (ACL -info, renamed): the engine does not let such a node vote.

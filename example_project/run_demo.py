@@ -6,7 +6,7 @@
 ``DEMO_HOST`` / ``DEMO_PORT`` (default 127.0.0.1:8000) and ``DEMO_REDIS_PORTS``
 (default 7101-7105). The masters keep their data under example_project/.redis/
 and run with ``appendonly yes`` + ``appendfsync always`` (the recommended
-persistence: they may vote at once after a restart). They are stopped when
+persistence; demo/settings.py declares it, so they may vote at once after a restart). They are stopped when
 the demo stops; masters left running by an earlier demo are reused.
 """
 

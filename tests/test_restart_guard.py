@@ -95,15 +95,21 @@ def test_without_the_guard_the_same_restart_breaks_exclusion(servers):
     unguarded.close()
 
 
-def test_durable_nodes_vote_at_once(tmp_path):
+def test_nodes_declared_durable_vote_at_once(tmp_path):
     from django_redlock.testing import RedisServers
 
     durable = ["--appendonly", "yes", "--appendfsync", "always"]
     with RedisServers(3, extra_args=durable) as fresh:
-        mgr = LockManager(fresh.urls, ttl=30, retry_count=0)
+        mgr = LockManager([{"URL": url, "FSYNC_ALWAYS": True} for url in fresh.urls], ttl=30, retry_count=0)
         mgr.acquire("fresh-but-durable").release()  # uptime ~0 s, but every write is fsynced
         assert all(s.sits_out_for == 0 for s in mgr.node_status())
         mgr.close()
+        # What a node says of itself now does not waive the window: only the declaration does.
+        undeclared = LockManager(fresh.urls, ttl=30, retry_count=0)
+        with pytest.raises(LockNotAcquired, match="not declared FSYNC_ALWAYS"):
+            undeclared.acquire("fresh-and-undeclared")
+        assert all(s.sits_out_for > 0 and s.persistence["appendfsync"] == "always" for s in undeclared.node_status())
+        undeclared.close()
     with RedisServers(3) as fresh:
         mgr = LockManager(fresh.urls, ttl=30, retry_count=0)
         with pytest.raises(LockNotAcquired, match="delayed-restart rule"):

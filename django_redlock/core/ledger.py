@@ -10,8 +10,11 @@ with these classes, so the rules are written once:
   decided) is still read and booked: a late probe is learned, a late release
   settles its debt.
 - **Restart state per connection.** A connection votes only once the probe
-  sent on it (INFO uptime, persistence) has been read: a node whose restart
-  state is unknown does not vote (fail closed). See :func:`vote_refusal`.
+  sent on it (INFO server and replication, persistence) has been read: a node
+  whose restart state is unknown does not vote (fail closed). What the probes
+  of one node's connections learned is compared (:class:`History`): another
+  server behind the same address (a promoted replica) sits out as a
+  restarted one does. See :func:`vote_refusal`.
 - **Release debts.** Before a value is released on the nodes, each node owes
   a release of it; a reply that proves the key gone settles the debt. Debts not
   settled (node down, reply lost, connection dropped) are paid again with the
@@ -31,17 +34,21 @@ __all__ = [
     "PROBE",
     "Debt",
     "Entry",
+    "History",
     "Ledger",
     "Restart",
     "learn",
+    "moved",
     "parse_info",
     "sure_uptime",
     "vote_refusal",
 ]
 
-#: Sent ahead of the first vote on a new connection: is this node freshly restarted?
+#: Sent ahead of the first vote on a new connection (one round trip): is this node freshly restarted,
+#: or another server than before? The persistence it reports now only feeds warnings.
 PROBE: tuple[tuple[Any, ...], ...] = (
     ("INFO", "server"),
+    ("INFO", "replication"),  # a separate INFO: Redis before 7.0 takes one section per call
     ("CONFIG", "GET", "appendonly"),
     ("CONFIG", "GET", "appendfsync"),
 )
@@ -53,6 +60,7 @@ RELEASE = 2  # the compare-and-delete script
 PROBE_REPLY = 3
 WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
 EXTEND = 5  # the extension script
+STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
 
 #: Kinds worth running after their round has ended: a late release or extension only acts while
 #: its value still holds the key (a late vote could leave a key nobody holds).
@@ -64,11 +72,16 @@ MINE = object()
 #: How many debts ride along with one command, at most.
 DEBTS_PER_WRITE = 32
 
+#: How many release debts one node's books keep, at most (about 1 KB each). Past it the oldest is
+#: dropped: a debt only frees a key before its ttl would, so a key whose debt is dropped still expires
+#: by itself, at the latest ``MAX_TTL`` after it was written.
+MAX_DEBTS = 4096
+
 
 class Entry:
     """One command written to a connection whose reply has not been read yet."""
 
-    __slots__ = ("kind", "key", "value", "ttl", "waiter", "retry")
+    __slots__ = ("kind", "key", "value", "ttl", "waiter", "retry", "proves")
 
     def __init__(
         self,
@@ -88,6 +101,8 @@ class Entry:
         self.retry = retry
         #: Who waits for the reply (the driver's business), or None once nobody does.
         self.waiter = waiter
+        #: For a RELEASE: a reply of 0 proves the key gone (see :meth:`Ledger.ordered`).
+        self.proves = True
 
     def __repr__(self) -> str:
         return f"<Entry {self.kind} {self.key!r}>"
@@ -125,7 +140,9 @@ def debt_command(command: Sequence[Any], source: str) -> tuple[Any, ...]:
 
 def after_noscript(entry: Entry) -> Entry:
     """The entry for the EVAL (``entry.retry``) sent after a NOSCRIPT reply."""
-    return Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)
+    again = Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)
+    again.proves = entry.proves
+    return again
 
 
 # -- restart state ------------------------------------------------------------------
@@ -157,8 +174,15 @@ class Restart:
 
     uptime: float | None  # seconds, None when INFO was denied or unreadable
     seen: float  # monotonic time the reply was read (uptime is at least that old)
-    durable: bool  # appendonly yes + appendfsync always: keys survive a restart
-    run_id: str
+    run_id: str  # "" when unknown
+    #: INFO replication: the data set's replication id, the role, and whether this master was
+    #: promoted from a replica since it started (``master_replid2`` set).
+    replid: str = ""
+    role: str = ""
+    promoted: bool = False
+    #: What CONFIG says now (appendonly yes + appendfsync always), None when unreadable. It says
+    #: nothing about what the node kept across its last restart: warnings only, never a vote.
+    reports_fsync: bool | None = None
 
     def age(self, now: float) -> float | None:
         """How long the server has surely been up at ``now`` (None: unknown)."""
@@ -180,20 +204,72 @@ def _denied(reply: Any) -> bool:
 
 
 def learn(replies: Sequence[Any], received: float) -> Restart | None:
-    """Turn the probe's three replies (errors included) into a :class:`Restart`.
+    """Turn the probe's replies (errors included) into a :class:`Restart`; ``received``: when the
+    last of them was read.
 
     None when INFO failed for a passing reason (BUSY, LOADING...): the restart
     state stays unknown and the next vote probes again.
     """
-    if isinstance(replies[0], Exception) and not _denied(replies[0]):
-        return None
-    info = parse_info(replies[0]) if not isinstance(replies[0], Exception) else {}
-    durable = _config_value(replies[1]) == "yes" and _config_value(replies[2]) == "always"
+    info: dict[str, str] = {}
+    for reply in replies[:2]:  # INFO server, INFO replication
+        if isinstance(reply, Exception):
+            if not _denied(reply):
+                return None
+        else:
+            info.update(parse_info(reply))
+    config = (_config_value(replies[2]), _config_value(replies[3]))
     try:
         uptime: float | None = float(info["uptime_in_seconds"])
     except (KeyError, ValueError):
         uptime = None
-    return Restart(uptime, received, durable, info.get("run_id", ""))
+    return Restart(
+        uptime,
+        received,
+        info.get("run_id", ""),
+        replid=info.get("master_replid", ""),
+        role=info.get("role", ""),
+        promoted=bool(info.get("master_replid2", "").strip("0")),
+        reports_fsync=None if "" in config else config == ("yes", "always"),
+    )
+
+
+def moved(before: Restart | None, now: Restart) -> bool:
+    """True when the data set at a node's address may have been replaced between two probes: a
+    failover put another server there (a promoted replica may lack the last locks written).
+
+    Another run id alone is a restart, which :func:`vote_refusal` judges by uptime. It is a
+    failover when the server now there was promoted from a replica since it started, changed
+    role, or was already up when the one before last answered. The same server with another
+    replication id and promoted was a replica in between (its data set replaced by a full sync);
+    a master that only dropped its backlog (no replica for an hour) gets a new id, but none second.
+    """
+    if before is None or not before.run_id or not now.run_id:
+        return False
+    if now.run_id == before.run_id:
+        return now.role != before.role or (now.replid != before.replid and now.promoted)
+    up_since = now.seen - sure_uptime(now.uptime) if now.uptime is not None else now.seen
+    return now.promoted or now.role != before.role or up_since < before.seen
+
+
+class History:
+    """What this process learned of the server at one node's address, over all its connections
+    (and event loops): the last probe, and when a failover was last noticed."""
+
+    __slots__ = ("last", "moved_at")
+
+    def __init__(self) -> None:
+        self.last: Restart | None = None
+        #: Monotonic time the last failover was noticed (it happened before), None: never.
+        self.moved_at: float | None = None
+
+    def learned(self, restart: Restart) -> bool:
+        """Note one connection's probe; True when it shows a failover (see :func:`moved`)."""
+        failover = moved(self.last, restart)
+        if failover:
+            self.moved_at = restart.seen
+        if restart.run_id:
+            self.last = restart
+        return failover
 
 
 UNKNOWN = "restart state unknown: its uptime has not been read yet on this connection, so it does not vote"
@@ -202,17 +278,30 @@ DENIED = (
     "(grant +info and +config|get, or declare the node FSYNC_ALWAYS if it fsyncs every write)"
 )
 
+NOT_FSYNCING = (
+    "declared FSYNC_ALWAYS, but CONFIG says it does not run 'appendonly yes' with 'appendfsync always': "
+    "after a restart it votes at once although it may have lost locks"
+)
 
-def vote_refusal(restart: Restart | None, window: float, now: float) -> str | None:
+
+def vote_refusal(
+    restart: Restart | None, window: float, now: float, moved_at: float | None = None, declared: bool = False
+) -> str | None:
     """Why a connection's vote does not count under the delayed-restart rule, or None.
 
     A node restarted without fsync-every-write persistence may have lost keys
     of locks that are still valid; it does not vote until it has been up for
-    ``window`` seconds. A node whose uptime is not known does not vote either.
+    ``window`` seconds. Only the declaration (``declared``: ``FSYNC_ALWAYS``)
+    waives that: what CONFIG says now tells nothing of the last restart. A node
+    whose uptime is not known does not vote either. After a failover noticed at
+    ``moved_at`` (see :class:`History`) the node sits out for ``window`` from
+    then, declared or not.
     """
     if restart is None:
         return UNKNOWN
-    if restart.durable:
+    if moved_at is not None and now - moved_at < window:
+        return failed_over(now - moved_at, window - (now - moved_at))
+    if declared:
         return None
     age = restart.age(now)
     if age is None:
@@ -227,18 +316,26 @@ def vote_refusal(restart: Restart | None, window: float, now: float) -> str | No
 DELAYED_RESTART = "(delayed-restart rule)"
 #: What to do about nodes that sit out: said once at the end of a failure that met them.
 RESTART_ADVICE = (
-    "A node restarted (or started fresh) without fsync-always persistence may have forgotten locks, so it "
+    "A node restarted (or started fresh) that is not declared FSYNC_ALWAYS may have forgotten locks, so it "
     "does not vote until the restart window has passed: wait, or for development and tests set "
     "REDLOCK['RESTART_WINDOW'] = 0 (restart_window=0), or run the nodes with 'appendonly yes' and "
-    "'appendfsync always' (then they vote at once)."
+    "'appendfsync always' and declare them {'URL': ..., 'FSYNC_ALWAYS': True} (then they vote at once)."
 )
 
 
 def sits_out(age: float, left: float) -> str:
     """How a node that sits out is described everywhere (failures, ``redlock status``, the admin)."""
     return (
-        f"restarted {age:.0f} s ago without fsync-always persistence; sits out for "
+        f"restarted {age:.0f} s ago and not declared FSYNC_ALWAYS; sits out for "
         f"{math.ceil(left)} s more {DELAYED_RESTART}"
+    )
+
+
+def failed_over(since: float, left: float) -> str:
+    """How a node that sits out after a failover is described everywhere."""
+    return (
+        f"another server answers at its address since {since:.0f} s ago (a failover: a promoted replica "
+        f"may lack the last locks written); sits out for {math.ceil(left)} s more {DELAYED_RESTART}"
     )
 
 
@@ -264,12 +361,15 @@ class Ledger:
 
     A release's reply of 1 settles its debt. A reply of 0 settles it only when
     no SET of that value can still land on the node: none unanswered on a
-    live connection, none on a connection that was dropped unanswered.
+    live connection, none on a connection that was dropped unanswered, and
+    none unanswered on another connection when the release was written (the
+    node may have run the release first: see :meth:`ordered`).
     """
 
-    def __init__(self, retry_after: float = 0.0) -> None:
+    def __init__(self, retry_after: float = 0.0, max_debts: int = MAX_DEBTS) -> None:
         #: A debt just paid is not paid again for this long (its release is still in flight).
         self.retry_after = retry_after
+        self.max_debts = max_debts
         #: No debt can be due before this time (saves a walk over the debts on every write).
         self.next_due = 0.0
         self.debts: dict[tuple[str, str], Debt] = {}
@@ -291,23 +391,45 @@ class Ledger:
             self.unanswered.pop(pair, None)
 
     def owe(self, key: str, value: str, until: float, now: float, command: tuple[Any, ...]) -> None:
-        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now."""
-        debt = self.debts.get((key, value))
+        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now.
+
+        Debts are kept oldest first. Those whose keys have surely expired go
+        now, not only when a command is next written to the node (a node that
+        stays down is never written to); past :attr:`max_debts` the oldest goes.
+        """
+        debts = self.debts
+        debt = debts.get((key, value))
         if debt is None:
-            self.debts[(key, value)] = Debt(key, value, until, now, command)
+            while debts:
+                oldest = next(iter(debts.values()))
+                if oldest.until > now and len(debts) < self.max_debts:
+                    break
+                del debts[(oldest.key, oldest.value)]
+            debts[(key, value)] = Debt(key, value, until, now, command)
             self.next_due = min(self.next_due, now + self.retry_after) if len(self.debts) > 1 else now + self.retry_after
         else:
             debt.until = max(debt.until, until)
             debt.paid_at = now
 
-    def settle(self, key: str | None, value: str | None, reply: Any, now: float) -> None:
+    def ordered(self, expect: Sequence[Entry], key: str | None, value: str | None) -> bool:
+        """Whether a release of ``value`` written now behind ``expect`` (its connection's unanswered
+        entries) runs after every SET of that value still unanswered: they are all ahead of it on
+        that connection. One on another connection may reach the node after the release, and its
+        OK be read before the release's 0: that 0 then proves nothing."""
+        pending = self.unanswered.get((key, value), 0)  # type: ignore[arg-type]
+        return not pending or pending == sum(e.kind == SET and e.key == key and e.value == value for e in expect)
+
+    def settle(self, entry: Entry, reply: Any, now: float) -> None:
         """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
-        pair = (key, value)
+        pair = (entry.key, entry.value)
         debt = self.debts.get(pair)  # type: ignore[arg-type]
         if debt is None:
             return
         if reply == 1 or (
-            reply == 0 and pair not in self.unanswered and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
+            reply == 0
+            and entry.proves
+            and pair not in self.unanswered
+            and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
         ):
             del self.debts[pair]  # type: ignore[arg-type]
 

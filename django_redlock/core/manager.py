@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
@@ -472,14 +473,20 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
     if isinstance(fsync, list) and len(fsync) == 2:
         persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
-    durable = declared or (persistence.get("aof_enabled") is True and persistence.get("appendfsync") == "always")
+    # Only the declaration waives the restart window: what CONFIG says now (shown in ``persistence``)
+    # tells nothing of what the node kept across its last restart.
     age = ledger.sure_uptime(uptime) if uptime is not None else None
-    sits_out = max(0.0, window - age) if age is not None and not durable and window > 0 else 0.0
+    sits_out = max(0.0, window - age) if age is not None and not declared and window > 0 else 0.0
+    moved_at = node.history.moved_at  # a failover this process noticed (ledger.History)
+    since = time.monotonic() - moved_at if moved_at is not None else math.inf
     role = info.get("role")
     why = None
     if role != "master":
         why = f"role {role or 'unknown'}, not a master"
-    elif uptime is None and not durable:
+    elif window > 0 and since < window:
+        sits_out = max(sits_out, window - since)
+        why = ledger.failed_over(since, window - since)
+    elif uptime is None and not declared:
         why = "INFO does not tell its uptime: its restart state cannot be known"
     elif sits_out:
         why = ledger.sits_out(age or 0.0, sits_out)

@@ -45,6 +45,7 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
+from django_redlock.core import ledger
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.rounds import (
     IDLE_CHECK,
@@ -199,6 +200,9 @@ class Node:
         self.db = int(kwargs.get("db") or 0)
         self.node_timeout = node_timeout
         self._fsync_always = bool(fsync_always)
+        #: What this process learned of the server at this address, kept across forks and shared
+        #: with the asyncio books (a failover is noticed whoever probes first).
+        self.history = ledger.History()
         self._secrets = [s for s in secrets if s]
         self._mutex = threading.Lock()
         self._reset()
@@ -215,7 +219,7 @@ class Node:
     def _reset(self) -> None:
         self._pid = os.getpid()
         #: The core's books for this node: connections, restart knowledge, release debts.
-        self.books = NodeBooks(self.name, self.node_timeout, self.fsync_always)
+        self.books = NodeBooks(self.name, self.node_timeout, self.fsync_always, self.history)
 
     @property
     def fsync_always(self) -> bool:
@@ -239,12 +243,16 @@ class Node:
                     self._reset()  # the parent's sockets are not ours to use
 
     def _drain_parked(self, now: float) -> None:
-        """Read and book late replies that already arrived; the books drop connections overdue too long."""
+        """Read and book late replies that already arrived; the books drop connections overdue too long.
+
+        ``now`` is the fan-out's start, which may be a while ago (a connect timeout to a node listed
+        before this one): each reply is booked with the time it is read.
+        """
         books = self.books
         for conn, since in list(books.parked.items()):
             try:
                 while conn.expect and conn.can_read(0):
-                    read_booked(books, conn, now)
+                    read_booked(books, conn)
                     since = now
             except (RedisError, OSError, ValueError):
                 books.drop(conn, now)
@@ -321,7 +329,7 @@ class Node:
         for conn in parked:
             try:
                 while conn.expect and conn.can_read(max(0.0, deadline - time.monotonic())):
-                    read_booked(self.books, conn, time.monotonic(), self._mutex)
+                    read_booked(self.books, conn, self._mutex)
             except (RedisError, OSError, ValueError):
                 pass
             self.drop(conn)
@@ -765,18 +773,21 @@ Command = tuple[Any, ...]
 Done = Callable[[list[Any]], bool]
 
 
-def read_booked(books: NodeBooks, conn: Any, now: float, mutex: Any = None, rnd: Round | None = None) -> bool:
+def read_booked(books: NodeBooks, conn: Any, mutex: Any = None, rnd: Round | None = None) -> bool:
     """Read the next reply on ``conn`` and book it; True when it was ``rnd``'s own, now taken.
 
-    Error replies are booked as exceptions; a broken connection raises. After a
-    NOSCRIPT the script's source is sent at once (the books wait for that
-    reply instead). Pass the node's ``mutex`` when the caller does not hold it:
-    booking, taking and the check-in happen under one acquisition.
+    Every reply is booked with the time it was read (a probe's uptime is at
+    least that old then), never with an earlier one. Error replies are booked
+    as exceptions; a broken connection raises. After a NOSCRIPT the script's
+    source is sent at once (the books wait for that reply instead). Pass the
+    node's ``mutex`` when the caller does not hold it: booking, taking and the
+    check-in happen under one acquisition.
     """
     try:
         reply = conn.read_response()
     except ResponseError as exc:
         reply = exc
+    now = time.monotonic()
     if mutex is None:
         taken, resend = _book(books, conn, reply, now, rnd)
     else:
@@ -936,7 +947,7 @@ def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, An
 def _read_ours(node: Node, rnd: Round, conn: Any) -> bool:
     """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False)."""
     while True:
-        if read_booked(node.books, conn, time.monotonic(), node._mutex, rnd):
+        if read_booked(node.books, conn, node._mutex, rnd):
             return True
         if not conn.can_read(0):
             return False

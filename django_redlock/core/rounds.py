@@ -48,6 +48,7 @@ __all__ = [
     "PARKED",
     "ConnState",
     "Failure",
+    "Granted",
     "NodeBooks",
     "NodeUnavailable",
     "Round",
@@ -87,6 +88,32 @@ class NodeUnavailable(Exception):
     pass
 
 
+class Granted(bytes):
+    """A vote's +OK that waited in line first, with how long it waited on its node's clock."""
+
+    waited: float
+
+    def __new__(cls, reply: bytes, waited: float) -> Granted:
+        granted = super().__new__(cls, reply)
+        #: Seconds between the node's TIME before the ``BLPOP`` and its TIME after it.
+        granted.waited = waited
+        return granted
+
+    def __repr__(self) -> str:
+        return f"{bytes(self)!r} after {self.waited * 1000:.1f} ms in line"
+
+
+def node_wait(stamps: Sequence[Any]) -> float:
+    """Seconds between a vote's two TIME replies (``[seconds, microseconds]``); 0.0 unless both are there."""
+    if len(stamps) != 2:
+        return 0.0
+    try:
+        (s1, us1), (s2, us2) = stamps
+        return max(0.0, int(s2) - int(s1) + (int(us2) - int(us1)) / 1_000_000)
+    except (TypeError, ValueError):  # an error reply (TIME denied by an ACL): nothing is known
+        return 0.0
+
+
 def ms_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
@@ -94,7 +121,7 @@ def ms_text(seconds: float) -> str:
 class ConnState:
     """What the books keep per connection: replies still due, and what its probe learned."""
 
-    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts")
+    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts", "stamps", "waited")
 
     def __init__(self) -> None:
         #: Commands written whose replies have not been read, oldest first.
@@ -107,6 +134,9 @@ class ConnState:
         self.quiet_until = 0.0
         #: Scripts whose source went out on this connection: its server has them (a restart closes it).
         self.scripts: set[str] = set()
+        #: TIME replies read since the last vote's reply, and how long that vote waited by them.
+        self.stamps: list[Any] = []
+        self.waited = 0.0
 
 
 def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
@@ -122,12 +152,16 @@ def overdue(conn: ConnState, since: float, now: float) -> float:
 class NodeBooks:
     """One node's connections, restart knowledge and release debts."""
 
-    def __init__(self, name: str, node_timeout: float, fsync_always: bool = False) -> None:
+    def __init__(
+        self, name: str, node_timeout: float, fsync_always: bool = False, history: ledger.History | None = None
+    ) -> None:
         self.name = name
         self.node_timeout = node_timeout
         self.stale_limit = max(STALE_LIMIT_MIN, 20 * node_timeout)
-        #: Declared to fsync every write: votes at once after a restart, never probed.
+        #: Declared to fsync every write: votes at once after a restart (still probed: a failover is not a restart).
         self.fsync_always = fsync_always
+        #: What the probes learned of the server at this address (shared by a node's books in every event loop).
+        self.history = history if history is not None else ledger.History()
         self.reset()
 
     def reset(self) -> None:
@@ -136,8 +170,9 @@ class NodeBooks:
         self.parked: dict[Any, float] = {}  # connection -> last progress (a reply read, or the write)
         self.down_until = 0.0
         self.down_reason = ""
-        self.announced = ""  # run id of the restart last logged
+        self.announced = ""  # run id (and replication id) of the restart or failover last logged
         self.denied_warned = False
+        self.fsync_warned = False
 
     # -- choosing a connection ----------------------------------------------------
 
@@ -237,18 +272,23 @@ class NodeBooks:
         if self.ledger.debts:
             for debt in self.ledger.due(now, self.node_timeout):
                 extra.append(debt.command)
-                expect.append(Entry(ledger.RELEASE, debt.key, debt.value))
-        if window > 0 and not self.fsync_always and conn.restart is None and not conn.probing:
+                paid = Entry(ledger.RELEASE, debt.key, debt.value)
+                paid.proves = self.ledger.ordered(expect, debt.key, debt.value)
+                expect.append(paid)
+        if window > 0 and conn.restart is None and not conn.probing:
             extra.extend(PROBE)
             conn.probing = True
             expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
         if block is not None:
+            # TIME on each side of the BLPOP: the vote behind it runs no earlier than the second.
             wakes, seconds = block
-            extra.append(("BLPOP", *wakes, f"{seconds:.3f}"))
-            expect.append(Entry(ledger.WAKE))
+            extra += [("TIME",), ("BLPOP", *wakes, f"{seconds:.3f}"), ("TIME",)]
+            expect += [Entry(ledger.STAMP), Entry(ledger.WAKE), Entry(ledger.STAMP)]
             conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
         if mine.kind == ledger.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
+        elif mine.kind == ledger.RELEASE:
+            mine.proves = self.ledger.ordered(expect, mine.key, mine.value)
         expect.append(mine)
         return extra
 
@@ -265,9 +305,14 @@ class NodeBooks:
         entry: Entry = conn.expect.popleft()
         kind = entry.kind
         if kind == ledger.RELEASE:
-            self.ledger.settle(entry.key, entry.value, reply, now)
+            self.ledger.settle(entry, reply, now)
         elif kind == ledger.SET:
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
+            # Only its own write's two stamps come since the last vote on this connection (a vote
+            # sent again after NOSCRIPT has none: it counts no wait).
+            conn.waited, conn.stamps = node_wait(conn.stamps), []
+        elif kind == ledger.STAMP:
+            conn.stamps.append(reply)
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
         elif kind == ledger.WAKE:
@@ -294,20 +339,24 @@ class NodeBooks:
         if restart is None:
             return  # a passing error (BUSY, LOADING): still unknown; the next vote probes again
         conn.restart = restart
-        if conn.restart.uptime is None and not conn.restart.durable and not self.denied_warned:
+        self.history.learned(restart)
+        if restart.uptime is None and not self.fsync_always and not self.denied_warned:
             self.denied_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.DENIED)
+        if self.fsync_always and restart.reports_fsync is False and not self.fsync_warned:
+            self.fsync_warned = True
+            logger.warning("Node %s: %s.", self.name, ledger.NOT_FSYNCING)
 
     def vote(self, conn: Any, window: float, now: float) -> Failure | None:
         """A failure for a vote that must not count under the delayed-restart rule, else None."""
-        if window <= 0 or self.fsync_always:
+        if window <= 0:
             return None
-        reason = ledger.vote_refusal(conn.restart, window, now)
+        reason = ledger.vote_refusal(conn.restart, window, now, self.history.moved_at, self.fsync_always)
         if reason is None:
             return None
         restart = conn.restart
-        if restart is not None and restart.uptime is not None and self.announced != restart.run_id:
-            self.announced = restart.run_id  # one log line per restart, not per vote
+        if restart is not None and restart.run_id and self.announced != restart.run_id + restart.replid:
+            self.announced = restart.run_id + restart.replid  # one log line per restart or failover, not per vote
             logger.warning("Node %s %s.", self.name, reason)
         return Failure(reason)
 
@@ -481,6 +530,8 @@ class Round:
         else:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at
+            if self.block is not None and reply == b"OK" and conn.waited > 0:
+                reply = Granted(reply, conn.waited)
             self.results[i] = (self.window > 0 and book.vote(conn, self.window, now)) or reply
         self.changed = True
         if self.on_reply is not None:

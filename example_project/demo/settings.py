@@ -63,7 +63,8 @@ REDIS_PORTS = [int(p) for p in os.environ.get("DEMO_REDIS_PORTS", "7101,7102,710
 if os.environ.get("DEMO_SINGLE_NODE") == "1":
     REDIS_PORTS = REDIS_PORTS[:1]  # `manage.py check` now shows django_redlock.W001
 
-REDLOCK_NODES = [f"redis://127.0.0.1:{port}/0" for port in REDIS_PORTS]
+# run_demo.py starts them with appendonly yes + appendfsync always: declared so, they vote right after a restart.
+REDLOCK_NODES = [{"URL": f"redis://127.0.0.1:{port}/0", "FSYNC_ALWAYS": True} for port in REDIS_PORTS]
 REDLOCK = {
     "TTL": 15,
     "LABEL": "example-project",

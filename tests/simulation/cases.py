@@ -20,6 +20,7 @@ from django_redlock.exceptions import LockError
 from .client import SimClient, vote_of
 from .invariants import Violation
 from .network import NetConfig
+from .redis_model import SimNode
 from .scenario import Sim, build, settled
 
 __all__ = ["CASES", "run_case"]
@@ -106,8 +107,9 @@ def fence_written_to_a_minority(seed: int) -> Sim:
     return sim
 
 
-def restarted_node_whose_probe_fails(seed: int) -> Sim:
-    """A holds on nodes 0-2; node 2 restarts empty; B's probe of node 2 fails for a passing reason."""
+def _restarted_under_a_lock(seed: int, then: Callable[[SimNode], None]) -> Sim:
+    """A holds on nodes 0-2; node 2 restarts empty (down 0.05 s) and ``then(node 2)`` is done at once;
+    B tries the lock 0.1 s later: it must not win while A holds."""
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
     a = SimClient(sim, "a", ttl=TTL)
     b = SimClient(sim, "b", ttl=TTL)
@@ -116,13 +118,28 @@ def restarted_node_whose_probe_fails(seed: int) -> Sim:
     def a_acquired(lock: LockBase | None) -> None:
         assert lock is not None
         nodes[2].restart(0.05)
-        nodes[2].flaky_info = 1.0  # INFO fails (BUSY, a proxy hiccup) right after the restart
+        then(nodes[2])
         world.after(0.1, _acquire, b, "r", lambda lock: None)
-        world.after(0.5, setattr, nodes[2], "flaky_info", 0.0)
 
     world.at(START, _hold_on_first_three, sim, a, a_acquired)
     world.run_until(START + 3)
     return sim
+
+
+def restarted_node_whose_probe_fails(seed: int) -> Sim:
+    """B's probe of the restarted node fails for a passing reason (BUSY, a proxy hiccup) for 0.5 s."""
+
+    def flaky(node: SimNode) -> None:
+        node.flaky_info = 1.0
+        node.world.after(0.5, setattr, node, "flaky_info", 0.0)
+
+    return _restarted_under_a_lock(seed, flaky)
+
+
+def restarted_node_that_turns_fsync_on(seed: int) -> Sim:
+    """The restarted node gets appendonly + appendfsync always (an operator, a config agent): it says
+    "durable" now, but it lost A's key."""
+    return _restarted_under_a_lock(seed, SimNode.fsync_on)
 
 
 def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
@@ -158,6 +175,53 @@ def restarted_node_that_reads_one_second_at_once(seed: int) -> Sim:
     world.at(second + 0.05, _acquire, b, "other", lambda lock: lock and _release(b, lock))  # reads "1 s"
     world.at(second + 0.1, _acquire, b, "r", lambda lock: None)  # must not win while A holds
     world.run_until(second + 3)
+    return sim
+
+
+def restarted_node_whose_probe_is_read_late(seed: int) -> Sim:
+    """Node 2 restarts under A's lock (ttl 3 s) and is paused when B's first vote probes it; it answers
+    2 s later. B must age it from that reading, not from when its fan-out began."""
+    ttl = 3.0
+    sim = build(seed, ttl=ttl, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=ttl)
+    b = SimClient(sim, "b", ttl=ttl)
+    nodes, world = sim.nodes, sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None
+        nodes[2].restart(0.02)  # up again at +0.02, empty
+        world.after(0.03, nodes[2].pause)
+        world.after(0.05, _acquire, b, "other", lambda lock: None)  # B's probe of node 2 waits, unread
+        world.after(2.0, nodes[2].resume)  # read now: "up 2 s"
+        world.after(2.1, _acquire, b, "r", lambda lock: None)  # must not win while A holds
+
+    world.at(settled(ttl), _hold_on_first_three, sim, a, a_acquired)
+    world.run_until(settled(ttl) + 5)
+    return sim
+
+
+def replica_promoted_behind_a_node(seed: int) -> Sim:
+    """B has talked to node 2; A holds on nodes 0-2; a replica that lagged is promoted behind node 2's
+    address (long up, without A's key). B, which saw the server before, must sit it out.
+
+    Failovers are not among the random faults: a process whose first contact with a node comes after a
+    failover cannot tell it from a long-running master (docs/safety.rst), and random runs make such
+    first contacts (respawned clients, a node cut off from a client when it started)."""
+    # The failover resets connections (a silent one would keep B off node 2 until A's lock is gone).
+    sim = build(seed, ttl=TTL, net=NetConfig(late_chance=0.0, silent_crash_chance=0.0), share=0.0)
+    a = SimClient(sim, "a", ttl=TTL)
+    b = SimClient(sim, "b", ttl=TTL)
+    nodes, world = sim.nodes, sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None
+        world.after(0.05, nodes[2].fail_over)
+        for after in (0.1, 0.3):  # the first may meet B's connection the failover broke
+            world.after(after, _acquire, b, "r", lambda lock: None)  # must not win while A holds
+
+    world.at(START, _acquire, b, "w", lambda lock: lock and _release(b, lock))  # B knows node 2's server
+    world.at(START + 0.2, _hold_on_first_three, sim, a, a_acquired)
+    world.run_until(START + 3)
     return sim
 
 
@@ -441,6 +505,11 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "restarted node that reads one second at once": (
         restarted_node_that_reads_one_second_at_once, ("uptime in whole seconds taken as sure",),
     ),
+    "restarted node whose probe is read late": (
+        restarted_node_whose_probe_is_read_late, ("probe reply booked with the fan-out's start",),
+    ),
+    "restarted node that turns fsync on": (restarted_node_that_turns_fsync_on, ("durability from the node's CONFIG",)),
+    "replica promoted behind a node": (replica_promoted_behind_a_node, ("failover unnoticed",)),
     "majority paused past the stale limit": (majority_paused_past_the_stale_limit, ()),
     "late release of an earlier attempt": (
         late_release_of_an_earlier_attempt,

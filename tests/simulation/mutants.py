@@ -51,17 +51,53 @@ def same_value_every_attempt() -> Any:
 
 def restart_rule_off() -> Any:
     """Restarted nodes vote at once."""
-    return _patch(ledger, "vote_refusal", lambda restart, window, now: None)
+    return _patch(ledger, "vote_refusal", lambda restart, window, now, *rest: None)
 
 
 def restart_rule_open_when_unknown() -> Any:
     """A node whose restart state is unknown (probe not read yet) votes."""
     real = ledger.vote_refusal
 
-    def open_when_unknown(restart: Any, window: float, now: float) -> Any:
-        return None if restart is None else real(restart, window, now)
+    def open_when_unknown(restart: Any, window: float, now: float, *rest: Any) -> Any:
+        return None if restart is None else real(restart, window, now, *rest)
 
     return _patch(ledger, "vote_refusal", open_when_unknown)
+
+
+def durability_from_config() -> Any:
+    """A node whose CONFIG says appendonly yes + appendfsync always now is taken as durable: it votes
+    right after a restart, as a declared one does."""
+    real = ledger.vote_refusal
+
+    def from_config(restart: Any, window: float, now: float, moved_at: Any = None, declared: bool = False) -> Any:
+        says = restart is not None and restart.reports_fsync is True
+        return real(restart, window, now, moved_at, declared or says)
+
+    return _patch(ledger, "vote_refusal", from_config)
+
+
+def failover_unnoticed() -> Any:
+    """Another server behind a node's address (a promoted replica) is not noticed: only its uptime counts."""
+    return _patch(ledger, "moved", lambda before, now: False)
+
+
+@contextmanager
+def probe_booked_at_the_fanout_start() -> Iterator[None]:
+    """A probe's replies are learned with the time the client's latest fan-out started (the clock read
+    once per fan-out), not with the time they were read."""
+    started: dict[int, float] = {}
+    real_init, real_learn = rounds.Round.__init__, rounds.NodeBooks._learn
+
+    def init(self: Any, books: Any, commands: Any, **options: Any) -> None:
+        real_init(self, books, commands, **options)
+        for book in books:
+            started[id(book)] = options["now"]
+
+    def learn(self: Any, conn: Any, reply: Any, now: float) -> None:
+        real_learn(self, conn, reply, min(now, started.get(id(self), now)))
+
+    with _patch(rounds.Round, "__init__", init), _patch(rounds.NodeBooks, "_learn", learn):
+        yield
 
 
 def uptime_taken_as_sure() -> Any:
@@ -245,6 +281,11 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     # INFO sometimes fails for a passing reason: the restart state stays unknown.
     "restart rule open while the probe is unknown": (restart_rule_open_when_unknown, {"flaky_info": 0.5}),
     "uptime in whole seconds taken as sure": (uptime_taken_as_sure, {}),
+    # Need a probe read long after its fan-out began, fsync switched on after a restart, a failover:
+    # each has a scripted case (failovers are not among the random faults, see cases.py).
+    "probe reply booked with the fan-out's start": (probe_booked_at_the_fanout_start, {}),
+    "durability from the node's CONFIG": (durability_from_config, {}),
+    "failover unnoticed": (failover_unnoticed, {}),
     "drift ignored": (drift_ignored, {}),
     # Replies take tens of milliseconds: a validity counted from the last reply is visibly too long.
     "validity from after the fan-out": (

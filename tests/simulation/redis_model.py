@@ -24,7 +24,11 @@ behind the ``BLPOP`` (Redis frees the client with its query buffer).
 
 Faults: :meth:`SimNode.crash` (connections reset; data, lists and sorted sets
 lost unless ``fsync_always``), :meth:`SimNode.start` (new run id, uptime from 0,
-empty script cache), :meth:`SimNode.pause` / :meth:`SimNode.resume` (SIGSTOP:
+empty script cache), :meth:`SimNode.fail_over` (a replica that lags is promoted
+behind the address: connections reset, data lost, new run id and replication
+id, the uptime of a long-running server), :meth:`SimNode.fsync_on` (``CONFIG
+SET appendonly yes`` + ``appendfsync always``: durable from now on, whatever
+its last restart lost), :meth:`SimNode.pause` / :meth:`SimNode.resume` (SIGSTOP:
 input waits in the buffers and is processed in arrival order on resume; blocked
 sessions' timeouts fire only once it runs again).
 """
@@ -203,7 +207,12 @@ class SimNode:
         self.scripts: set[str] = set()
         self.up = False
         self.run_id = ""
+        #: INFO replication: this data set's replication id, and the one before a promotion.
+        self.replid = ""
+        self.replid2 = "0" * 40
         self.started_local = 0.0
+        #: When (node clock) the data in ``lost`` was lost: a node sits out a window from then.
+        self.lost_at = 0.0
         self.restarts = 0
         #: Called with no argument when the node crashes (the network resets connections)
         #: and when it resumes from a pause (the network delivers what waited).
@@ -243,7 +252,9 @@ class SimNode:
         self.up = True
         self.restarts += 1 if self.run_id else 0
         self.run_id = self.world.token(20)
-        self.started_local = self.clock.now()
+        # From the run id, not the seed's stream: runs without failovers replay as before.
+        self.replid, self.replid2 = hashlib.sha1(self.run_id.encode()).hexdigest(), "0" * 40
+        self.started_local = self.lost_at = self.clock.now()
         self.world.note(self.name, "START", f"run_id={self.run_id[:8]}", f"keys={len(self.data)}")
         self.world.fault_end(f"down:{self.name}")
 
@@ -251,6 +262,28 @@ class SimNode:
         """Crash now and start again ``down_for`` true seconds later."""
         self.crash()
         self.world.after(down_for, self.start)
+
+    def fail_over(self) -> None:
+        """A replica that lagged is promoted behind this node's address: what the master held is
+        lost (the worst lag), and the server now answering has been up for a long while."""
+        if not self.up:
+            return
+        uptime = self.clock.now() - self.started_local
+        self.world.note(self.name, "FAILOVER", "(a replica that lagged is promoted)")
+        lost, self.data = self.data, {}  # fsync on the old master does not help the replica
+        self.crash()
+        self.lost = lost
+        old = self.replid
+        self.start()
+        self.replid2 = old  # as Redis does on a promotion
+        self.started_local -= uptime + self.world.uniform(0.0, 100.0, "replica uptime")
+        self.lost_at = self.clock.now()
+
+    def fsync_on(self) -> None:
+        """CONFIG SET appendonly yes + appendfsync always: keys survive crashes from now on (what its
+        last restart lost stays lost)."""
+        self.world.note(self.name, "CONFIG SET appendfsync always")
+        self.fsync_always = True
 
     def flush_scripts(self) -> None:
         """SCRIPT FLUSH: the node forgets its scripts; connections stay open."""
@@ -295,7 +328,7 @@ class SimNode:
         """Like :meth:`peek`, for a key this node lost in a crash: while it is down, or up for
         less than ``window`` seconds of its own clock (a restarted node sits out that long)."""
         entry = self.lost.get(_b(key))
-        if entry is None or (self.up and self.clock.now() - self.started_local >= window):
+        if entry is None or (self.up and self.clock.now() - self.lost_at >= window):
             return None
         if entry[1] is None:
             return entry[0], None
@@ -657,10 +690,17 @@ class SimNode:
             raise _Error("ERR INFO failed for a passing reason")
         # As Redis does: the difference of two truncated clock seconds (ahead by up to 1 s).
         uptime = int(self.clock.now()) - int(self.started_local)
-        return (
-            b"# Server\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\n"
-            b"run_id:%s\r\nuptime_in_seconds:%d\r\n" % (self.run_id.encode(), uptime)
-        )
+        sections = {_s(a).lower() for a in args} or {"server", "replication"}
+        text = b""
+        if "server" in sections:
+            text += (
+                b"# Server\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\n"
+                b"run_id:%s\r\nuptime_in_seconds:%d\r\n" % (self.run_id.encode(), uptime)
+            )
+        if "replication" in sections:
+            text += b"# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_replid:%s\r\n" % (
+                self.replid.encode()) + b"master_replid2:%s\r\n" % self.replid2.encode()
+        return text
 
     def _config(self, args: Sequence[Any]) -> list[bytes]:
         if _s(args[0]).upper() != "GET":

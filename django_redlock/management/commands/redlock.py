@@ -127,10 +127,11 @@ class Command(BaseCommand):
         if not s.reachable:
             return f"{s.name:<28} {self.style.ERROR('DOWN')}  {s.error}"
         latency = f"{s.latency * 1000:6.2f} ms" if s.latency is not None else "     ? ms"
+        says_fsync = s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") is True
         if s.fsync_declared:
-            persistence = "fsync always (declared)"
-        elif s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") is True:
-            persistence = "fsync always"
+            persistence = "fsync always (declared)" if says_fsync or s.version is None else "declared fsync always, runs without"
+        elif says_fsync:
+            persistence = "fsync always (not declared: sits out after a restart)"
         else:
             persistence = "no fsync per write"
         if s.version is None:  # INFO refused: nothing more to show
