@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention bench-scaling docs clean
+.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention bench-scaling soak-memory docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -46,6 +46,11 @@ bench-scaling:  ## latency and memory against the number of masters (1 to 9), an
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/scaling.py --iterations 2000 --rtt-ms 1 --json docs/scaling.json \
 		--plot docs/img/scaling.png --rst docs/scaling_table.rst
+
+SOAK_MINUTES ?= 10
+soak-memory:  ## worker memory (RSS, tracemalloc) over a long load run under gunicorn and uvicorn, niced
+	@VENV=$(VENV) sh scripts/setup.sh soak
+	@nice -n 10 $(PY) benchmarks/memory_soak.py --minutes $(SOAK_MINUTES)
 
 docs:  ## build the docs with warnings as errors
 	@VENV=$(VENV) sh scripts/setup.sh docs
