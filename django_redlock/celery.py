@@ -204,7 +204,7 @@ class _Runner:
         except BaseException as exc:
             _current.reset(token)
             lock.release()
-            if lock.lost and not isinstance(exc, Retry):
+            if lock._lost_error() is not None and not isinstance(exc, Retry):
                 logger.error(
                     "Task %s raised %s and its lock %r was lost while it ran (%s).",
                     _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
@@ -212,10 +212,10 @@ class _Runner:
             raise
         _current.reset(token)
         lock.release()
-        if lock.lost:  # found by the watchdog while the body ran, or by the release itself
+        lost = lock._lost_error()  # found by the watchdog while the body ran, or by the release itself
+        if lost is not None:
             raise LockLost(
-                f"Task {_describe(task, name)}: the lock {lock.resource!r} was lost while the task ran "
-                f"({lock.lost_reason}); the task's result is discarded.",
+                f"Task {_describe(task, name)}: {lost} (while the task ran); the task's result is discarded.",
                 resource=lock.resource,
             )
         return result

@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_NODES_UNAVAILABLE",
     "RedlockMixin",
     "locked_response",
+    "lost_response",
     "redlock",
     "redlock_command",
 ]
@@ -234,6 +235,40 @@ def locked_response(request: HttpRequest, error: LockNotAcquired) -> HttpRespons
     return response
 
 
+LOST_DETAIL = (
+    "The lock this request held was lost before its work was done, so the work may have overlapped "
+    "another. Please check the outcome before trying again."
+)
+
+
+def lost_response(request: HttpRequest, error: LockLost) -> HttpResponse:
+    """The answer of a view whose lock was lost while it ran: 500 Internal Server Error.
+
+    The view's own response is discarded: its work ran, at least in part, without
+    the lock, and another holder may have run beside it. A client that prefers
+    JSON, and a REST framework view, get ``{"detail": ..., "code": "lock_lost"}``.
+    """
+    if wants_json(request):
+        return JsonResponse({"detail": LOST_DETAIL, "code": "lock_lost"}, status=500)
+    return HttpResponse(
+        "<!doctype html><title>500 Internal Server Error</title><h1>Server error</h1>"
+        f"<p>{LOST_DETAIL}</p>",
+        status=500,
+        content_type="text/html; charset=utf-8",
+    )
+
+
+def _outcome(lock: Any, result: Any, request: HttpRequest | None) -> Any:
+    """The call's result once its lock is released; if the lock was lost while the code ran, a
+    view answers :func:`lost_response` and anything else raises :class:`LockLost`."""
+    error = lock._lost_error()
+    if error is None:
+        return result
+    if request is None:
+        raise error
+    return lost_response(request, error)
+
+
 def retry_after_seconds(error: LockNotAcquired) -> int:
     if error.retry_after is None:
         return 1
@@ -282,8 +317,12 @@ def redlock(
     (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
     function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
     The lock is released when the call returns or raises; for a streaming
-    response, once the stream has been consumed or closed. A ``ttl`` above
-    ``REDLOCK['MAX_TTL']`` raises :class:`ValueError` when the view is called.
+    response, once the stream has been consumed or closed. If the lock was
+    lost while the code ran, a view answers 500 (:func:`lost_response`) and a
+    plain function raises :class:`~django_redlock.exceptions.LockLost`, as
+    ``with manager.lock()`` does; an exception of the code's own goes on as it
+    is. A ``ttl`` above ``REDLOCK['MAX_TTL']`` raises :class:`ValueError` when
+    the view is called.
     """
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
@@ -318,10 +357,10 @@ def redlock(
                 except BaseException:
                     await _stop_async(keeper, lock)
                     raise
-                if _is_streaming(result):
+                if _is_streaming(result) and not lock.lost:
                     return _release_after_stream(result, lock, keeper)
                 await _stop_async(keeper, lock)
-                return result
+                return _outcome(lock, result, find_request(args, kwargs))
 
             # func is a coroutine function: so is the wrapper, with func's parameters and result.
             return cast("Callable[_P, _R]", async_wrapper)
@@ -347,10 +386,10 @@ def redlock(
             except BaseException:
                 lock.release()
                 raise
-            if _is_streaming(result):
+            if _is_streaming(result) and not lock.lost:
                 return _release_after_stream(result, lock, None)
             lock.release()
-            return result
+            return _outcome(lock, result, find_request(args, kwargs))
 
         return wrapper
 
@@ -410,7 +449,7 @@ class RedlockMixin:
     override :meth:`get_redlock_key`; a list of format strings locks them
     together. ``redlock_ttl``, ``redlock_blocking``, ``redlock_timeout``,
     ``redlock_reentrant`` and ``redlock_on_locked`` work as the arguments of
-    :func:`redlock`.
+    :func:`redlock`; a lock lost while the view ran is answered as there.
     """
 
     redlock_key: str | list[str] | None = None
@@ -449,10 +488,10 @@ class RedlockMixin:
         except BaseException:
             lock.release()
             raise
-        if _is_streaming(response):
+        if _is_streaming(response) and not lock.lost:
             return _release_after_stream(response, lock, None)
         lock.release()
-        return response
+        return _outcome(lock, response, request)
 
 
 # -- @redlock_command -------------------------------------------------------------
@@ -584,18 +623,16 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             try:
                 result = handle(self, *args, **options)
             finally:
-                guard.armed = False  # from here on signals are only recorded: nothing interrupts the release
+                guard.disarm()  # from here on signals are only recorded: nothing interrupts the release
         except _Stop:
             stopped = True
         finally:
-            guard.armed = False
+            guard.disarm()
             try:
                 lock.release()
-            except LockLost:
-                lost.set()
             finally:
                 guard.restore()
-        if lost.is_set() or lock.lost:  # also a loss the release itself found (taken over, expired)
+        if lock._lost_error() is not None:  # also a loss the release itself found (taken over, expired)
             logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
             what = "Stopped: the lock" if stopped else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)
@@ -607,8 +644,17 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
     return wrapped
 
 
-class _Stop(BaseException):
-    """Raised in the main thread to stop the command (a signal, or the lock was lost)."""
+#: The signal that stops a command whose lock was lost, sent to the main thread alone. SIGINT:
+#: the guard handles it anyway while the command runs, so no other handler is displaced, and
+#: libraries take it as "stop now" (psycopg 3 cancels the query it is waiting for).
+STOP_SIGNAL = signal.SIGINT
+
+
+class _Stop(KeyboardInterrupt):
+    """Raised in the main thread to stop the command (a signal, or the lock was lost).
+
+    A ``KeyboardInterrupt``, so that code which cleans up after Ctrl-C does so here too.
+    """
 
 
 class _Guard:
@@ -620,8 +666,9 @@ class _Guard:
 
     def __init__(self, lost: threading.Event, in_main: bool) -> None:
         self.lost = lost
-        self.in_main = in_main
+        self.main = threading.main_thread().ident if in_main else None
         self.armed = False  # True while handle() runs: a signal raises _Stop there
+        self.mutex = threading.Lock()  # no stop signal is sent once disarmed
         self.signum: int | None = None  # the first signal received
         self.previous: dict[int, Any] = {}
 
@@ -632,14 +679,28 @@ class _Guard:
             raise _Stop()
 
     def interrupt(self) -> None:
-        """Stop the main thread from another thread (the watchdog saw the lock lost)."""
-        if self.in_main:
-            import _thread
+        """Stop the main thread from another thread (the watchdog saw the lock lost).
 
-            _thread.interrupt_main()  # runs handler() in the main thread
+        A real signal: its handler raises in the main thread, which also ends a
+        sleep, a socket read or a lock wait there. ``_thread.interrupt_main()``
+        only flags the main thread, which then runs on until its blocking call returns.
+        """
+        with self.mutex:
+            if not (self.armed and self.main is not None):
+                return
+            if hasattr(signal, "pthread_kill"):
+                signal.pthread_kill(self.main, STOP_SIGNAL)
+            else:  # pragma: no cover - Windows: flags the main thread only
+                import _thread
+
+                _thread.interrupt_main(STOP_SIGNAL)
+
+    def disarm(self) -> None:
+        with self.mutex:
+            self.armed = False
 
     def install(self) -> None:
-        if not self.in_main:
+        if self.main is None:
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
             try:

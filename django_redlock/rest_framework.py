@@ -1,4 +1,5 @@
-"""Django REST framework: answer a held lock with 423 (or 503 when the nodes are down) in JSON.
+"""Django REST framework: answer a held lock with 423 (or 503 when the nodes are down) in JSON,
+and a lock lost while the view ran with 500.
 
 ``@redlock`` on an ``APIView`` method or an ``@api_view`` function already
 answers in JSON. For locks taken by hand inside a view (``with
@@ -13,19 +14,22 @@ from typing import Any
 
 from django.http import HttpResponse
 
-from django_redlock.decorators import find_request, locked_response
-from django_redlock.exceptions import LockNotAcquired
+from django_redlock.decorators import find_request, locked_response, lost_response
+from django_redlock.exceptions import LockLost, LockNotAcquired
 
 __all__ = ["exception_handler"]
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
-    """REST framework's handler, plus: :class:`~django_redlock.exceptions.LockNotAcquired` -> 423 / 503 JSON."""
+    """REST framework's handler, plus: :class:`~django_redlock.exceptions.LockNotAcquired` -> 423 / 503 JSON,
+    :class:`~django_redlock.exceptions.LockLost` -> 500 JSON."""
     from rest_framework.views import exception_handler as default_handler
 
-    if isinstance(exc, LockNotAcquired):
+    if isinstance(exc, (LockNotAcquired, LockLost)):
         request = find_request((context.get("request"),), {})
         if request is not None:
+            if isinstance(exc, LockLost):
+                return lost_response(request, exc)
             return locked_response(request, exc)
     response: HttpResponse | None = default_handler(exc, context)
     return response

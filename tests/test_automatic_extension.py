@@ -28,8 +28,9 @@ WAIT = 30.0  # seconds any wait may take on a busy machine
 
 @pytest.fixture
 def limited(redlock_settings):
-    """The Django managers with ``MAX_EXTENSIONS`` = :data:`LIMIT`."""
-    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "MAX_EXTENSIONS": LIMIT}
+    """The Django managers with ``MAX_EXTENSIONS`` = :data:`LIMIT` (and a node timeout that a loaded
+    machine's first connections meet)."""
+    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "MAX_EXTENSIONS": LIMIT, "NODE_TIMEOUT": 0.5}
     return redlock_settings
 
 
@@ -143,10 +144,10 @@ def test_redlock_command_goes_past_max_extensions(limited):
 
 
 def test_redlock_task_goes_past_max_extensions(limited):
-    pytest.importorskip("celery", minversion="5.3")
+    celery = pytest.importorskip("celery", minversion="5.3")
     from django_redlock.celery import redlock_task
-    from tests.celery_app import app
 
+    app = celery.Celery("auto-extension", set_as_current=False)  # run eagerly: no broker, no backend
     with Extensions("auto-task") as seen:
 
         @app.task(name="tests.auto_extended_task")

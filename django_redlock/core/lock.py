@@ -271,6 +271,16 @@ class LockBase:
             failures=failures,
         )
 
+    def _lost_error(self) -> LockLost | None:
+        """After the release: the error telling the holder it ran without its lock, or None.
+
+        Every holder asks this once its code is done (``with``, ``@redlock``, ``RedlockMixin``,
+        ``@redlock_command``, ``@redlock_task``): a lost lock is never only a log line.
+        """
+        if self.lost and not self._forked():
+            return base.lost_error(self.resource, self.lost_reason or "it expired while held")
+        return None
+
     def _check_extendable(self, ttl: Any, counted: bool) -> float:
         if self._forked():
             raise LockError(
@@ -482,8 +492,9 @@ class Lock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-        if self.lost and exc_type is None and not self._forked():
-            raise base.lost_error(self.resource, self.lost_reason or "it expired while held")
+        error = self._lost_error()
+        if error is not None and exc_type is None:
+            raise error
 
 
 class ContextBase:

@@ -1,0 +1,262 @@
+"""A lock lost while the code ran is reported to the code's caller, by every wrapper; a locked
+command is stopped at once, even inside a blocking call.
+
+Each body runs past its lock: it waits until the nodes no longer hold the key (ttl 0.3 s), then
+returns. ``with manager.lock()`` raises ``LockLost`` then; so must ``@redlock`` (a plain function
+raises, a view answers 500, in JSON to a JSON client), ``RedlockMixin`` and REST framework views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.http import HttpResponse, JsonResponse
+from django.test import AsyncRequestFactory, RequestFactory
+from django.views import View
+
+from django_redlock import get_async_lock_manager, get_lock_manager, redlock, redlock_command
+from django_redlock.decorators import EXIT_LOST, RedlockMixin
+from django_redlock.exceptions import LockLost
+from tests.conftest import eventually
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TTL = 0.3
+WAIT = 30.0
+
+
+@pytest.fixture(autouse=True)
+def patient(redlock_settings):
+    """A node timeout that a loaded machine's first connections meet (the suite's is 50 ms)."""
+    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "NODE_TIMEOUT": 0.5}
+
+
+def run_past_the_lock(resource: str) -> None:
+    """Return once the nodes no longer hold ``resource``: the caller ran without its lock."""
+    eventually(lambda: not get_lock_manager().is_locked(resource), WAIT)
+
+
+async def run_past_the_lock_async(resource: str) -> None:
+    manager = get_async_lock_manager()
+    deadline = time.monotonic() + WAIT
+    while await manager.is_locked(resource):
+        assert time.monotonic() < deadline, f"{resource!r} is still locked after {WAIT} s"
+        await asyncio.sleep(0.05)
+
+
+def assert_lost_answer(response, json_answer: bool) -> None:
+    assert response.status_code == 500, (response.status_code, response.content)
+    assert b"body-answer" not in response.content  # the body's own answer is not passed on as a success
+    if json_answer:
+        assert response["Content-Type"] == "application/json"
+        body = json.loads(response.content)
+        assert body["code"] == "lock_lost" and body["detail"]
+    else:
+        assert response["Content-Type"].startswith("text/html")
+
+
+# -- @redlock ---------------------------------------------------------------------
+
+
+def test_a_function_whose_lock_was_lost_raises_lock_lost():
+    @redlock("lost-fn", ttl=TTL)
+    def job() -> str:
+        run_past_the_lock("lost-fn")
+        return "done"
+
+    with pytest.raises(LockLost, match="'lost-fn' was lost"):
+        job()
+
+
+async def test_an_async_function_whose_lock_was_lost_raises_lock_lost():
+    @redlock("lost-async-fn", ttl=TTL)
+    async def job() -> str:
+        await run_past_the_lock_async("lost-async-fn")
+        return "done"
+
+    with pytest.raises(LockLost, match="'lost-async-fn' was lost"):
+        await job()
+
+
+def test_the_body_s_own_error_goes_on_when_its_lock_was_lost_too():
+    @redlock("lost-raising", ttl=TTL)
+    def job() -> str:
+        run_past_the_lock("lost-raising")
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        job()
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/json"])
+def test_a_view_whose_lock_was_lost_answers_500(accept):
+    @redlock("lost-view-{pk}", ttl=TTL)
+    def view(request, pk):
+        run_past_the_lock(f"lost-view-{pk}")
+        return HttpResponse("body-answer")
+
+    response = view(RequestFactory().post("/", headers={"Accept": accept}), pk=1)
+    assert_lost_answer(response, accept == "application/json")
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/json"])
+async def test_an_async_view_whose_lock_was_lost_answers_500(accept):
+    @redlock("lost-async-view-{pk}", ttl=TTL)
+    async def view(request, pk):
+        await run_past_the_lock_async(f"lost-async-view-{pk}")
+        return JsonResponse({"body-answer": True})
+
+    response = await view(AsyncRequestFactory().post("/", headers={"Accept": accept}), pk=2)
+    assert_lost_answer(response, accept == "application/json")
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/json"])
+def test_a_class_based_view_whose_lock_was_lost_answers_500(accept):
+    class Report(RedlockMixin, View):
+        redlock_key = "lost-report-{pk}"
+        redlock_ttl = TTL
+
+        def post(self, request, pk):
+            run_past_the_lock(f"lost-report-{pk}")
+            return HttpResponse("body-answer")
+
+    response = Report.as_view()(RequestFactory().post("/", headers={"Accept": accept}), pk=3)
+    assert_lost_answer(response, accept == "application/json")
+
+
+def test_rest_framework_views_whose_lock_was_lost_answer_500_in_json(settings):
+    pytest.importorskip("rest_framework")
+    from rest_framework.decorators import api_view
+    from rest_framework.response import Response
+    from rest_framework.views import APIView
+
+    settings.REST_FRAMEWORK = {"EXCEPTION_HANDLER": "django_redlock.rest_framework.exception_handler"}
+
+    class Invoice(APIView):
+        @redlock("lost-api-{pk}", ttl=TTL)
+        def post(self, request, pk):
+            run_past_the_lock(f"lost-api-{pk}")
+            return Response({"body-answer": pk})
+
+    @api_view(["POST"])
+    def by_hand(request, pk):
+        with get_lock_manager().lock(f"lost-by-hand-{pk}", ttl=TTL):
+            run_past_the_lock(f"lost-by-hand-{pk}")
+        return Response({"body-answer": pk})
+
+    for view in (Invoice.as_view(), by_hand):  # no Accept header: REST framework views answer JSON
+        response = view(RequestFactory().post("/"), pk=4)
+        if hasattr(response, "render"):
+            response.render()
+        assert_lost_answer(response, json_answer=True), view
+
+
+# -- @redlock_command: stopped inside a blocking call ---------------------------------
+
+
+def start_command(servers, marker, block, **env_extra):
+    env = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings")
+    env.update(env_extra)
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "blocked", "--block", block, "--seconds", "20", "--marker", str(marker)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_by_force_release(proc, marker, blocked=lambda: True) -> tuple[str, float]:
+    """Wait until the command blocks, force-release its lock; its stderr and how long it ran on."""
+    try:
+        # Polling another process's file: there is no event to await.
+        eventually(lambda: proc.poll() is not None or (marker.exists() and "blocking" in marker.read_text()), WAIT)
+        eventually(lambda: proc.poll() is not None or blocked(), WAIT)
+        assert proc.poll() is None, proc.communicate()
+        started = time.monotonic()
+        assert get_lock_manager().force_release("command:blocked") >= 3  # an operator, from the admin
+        out, err = proc.communicate(timeout=25)
+        return err, time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("block", ["sleep", "socket", "lock"])
+def test_a_command_is_stopped_inside_a_blocking_call_when_its_lock_is_lost(servers, tmp_path, block):
+    marker = tmp_path / "blocked"
+    proc = start_command(servers, marker, block)
+    err, took = stop_by_force_release(proc, marker)
+    assert proc.returncode == EXIT_LOST, err
+    assert "Stopped: the lock 'command:blocked' was lost" in err
+    assert "done" not in marker.read_text()
+    # The watchdog looks every third of the 1 s ttl; the rest is the release and the exit.
+    assert took < 2.5, f"the command ran on for {took:.1f} s after its lock was lost"
+
+
+def test_a_command_in_a_long_postgresql_statement_is_stopped_and_the_statement_cancelled(servers, tmp_path):
+    """psycopg 3 waits for the server in Python: the stop signal ends the wait, and psycopg
+    cancels the statement on the server."""
+    pytest.importorskip("psycopg")
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    if not server.available:
+        pytest.skip("PostgreSQL is not installed")
+    server.start()
+    try:
+        import psycopg
+
+        def sleeping() -> int:
+            with psycopg.connect(host="127.0.0.1", port=server.port, user="postgres", dbname="postgres") as db:
+                row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                                 " AND query LIKE 'SELECT pg_sleep%%'").fetchone()
+            return row[0] if row else 0
+
+        marker = tmp_path / "blocked"
+        proc = start_command(servers, marker, "sql", DJANGO_SETTINGS_MODULE="tests.settings_postgres",
+                             REDLOCK_TEST_PG_PORT=str(server.port))
+        err, took = stop_by_force_release(proc, marker, blocked=lambda: sleeping() == 1)
+        assert proc.returncode == EXIT_LOST, err
+        assert took < 2.5, f"the command ran on for {took:.1f} s after its lock was lost"
+        assert sleeping() == 0, "the statement still runs on the server"
+    finally:
+        server.stop()
+
+
+def test_the_command_s_signal_handlers_are_restored():
+    @redlock_command(key="handlers", ttl=2)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            self.stdout.write(repr(signal.getsignal(signal.SIGINT)))
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    out = StringIO()
+    call_command(Command(), stdout=out, stderr=StringIO())
+    assert out.getvalue().strip() != repr(before[0])  # its own handler while it ran
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_command_whose_lock_was_lost_in_process_exits_three():
+    @redlock_command(key="lost-in-process", ttl=TTL)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            get_lock_manager().force_release("lost-in-process")  # an operator, from the admin
+            time.sleep(20)  # stopped by the watchdog's signal long before this ends
+
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="Stopped: the lock 'lost-in-process' was lost") as info:
+        call_command(Command(), stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == EXIT_LOST
+    assert time.monotonic() - started < 2.5
