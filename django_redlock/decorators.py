@@ -524,8 +524,9 @@ def redlock_command(
     (:class:`~django_redlock.exceptions.QuorumUnavailable`) the command does
     not run and exits 4 in every mode: that is an outage, not a skip. If the
     lock is lost while the command runs, it is logged, ``lock_lost`` is sent
-    and the command is stopped with exit code 3 (``stop_on_lost=False`` only
-    logs, and still exits 3). SIGTERM and SIGINT stop the command, the lock is
+    and the command is stopped with exit code 3, also inside a blocking call
+    (a signal to the main thread; see the docs for what cannot be interrupted);
+    ``stop_on_lost=False`` only logs, and still exits 3. SIGTERM and SIGINT stop the command, the lock is
     released and the process exits 128 + the signal number. The command gains
     ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
     """
