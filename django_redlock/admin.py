@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
+from django_redlock.core.listing import NODE_WAIT
 from django_redlock.core.records import STATE_WORDS
 from django_redlock.models import Lock
 
@@ -43,6 +44,11 @@ def _manager() -> Any:
     from django_redlock.manager import get_lock_manager
 
     return get_lock_manager()
+
+
+def _wait(manager: Any) -> float:
+    """How long a page waits for a node that does not answer, once: the listing's first call's wait."""
+    return max(float(manager.node_timeout), NODE_WAIT)
 
 
 if TYPE_CHECKING:  # generic in django-stubs only: ModelAdmin takes no [...] at run time
@@ -101,11 +107,15 @@ class LockAdmin(_ModelAdmin):
         paginator = Paginator(records, PER_PAGE)
         page = paginator.get_page(1)
         nodes: list[dict[str, Any]] = []
+        listing = None
         try:
             manager = _manager()
-            records, paginator, page, down = _read(manager, query or None, order, request.GET.get("p"))
-            for status in manager.node_status(timeout=max(manager.node_timeout, 0.5)):
-                up = status.reachable and status.name not in down
+            # The nodes first: one that does not answer is then not waited for again by the listing.
+            statuses = manager.node_status(timeout=_wait(manager))
+            listing, paginator, page = _read(manager, query or None, order, request.GET.get("p"))
+            records = list(listing.records)
+            for status in statuses:
+                up = status.reachable and status.name not in listing.down
                 nodes.append({"name": status.name, "up": up, "sits_out": status.sits_out_for if up else 0})
         except ImproperlyConfigured as exc:
             error = str(exc)
@@ -131,6 +141,7 @@ class LockAdmin(_ModelAdmin):
             columns=columns,
             nodes=nodes,
             nodes_down=sum(1 for n in nodes if not n["up"]),
+            listing=listing,
             error=error,
             elapsed_ms=(time.perf_counter() - started) * 1000,
             **(extra_context or {}),
@@ -192,15 +203,28 @@ def _release(admin_obj: LockAdmin, request: HttpRequest) -> HttpResponse:
             _("Released %(count)d lock(s): %(names)s.") % {"count": len(resources), "names": ", ".join(resources)},
         )
         return HttpResponseRedirect(changelist)
-    context = admin_obj._context(request, _("Are you sure?"), resources=resources)
+    manager = _manager()
+    answered = sum(rtt is not None for rtt in manager.ping(_wait(manager)).values())
+    records = [manager.lock_record(resource) for resource in resources]
+    states = [_("not held on the nodes that answered") if r is None else _(STATE_WORDS[r.state]) for r in records]
+    context = admin_obj._context(
+        request,
+        _("Are you sure?"),
+        resources=resources,
+        locks=list(zip(resources, states)),
+        answered=answered,
+        total=len(manager.nodes),
+        quorum=manager.quorum,
+        # Fewer than a quorum answered, or the silent nodes could complete one: the holder may be working.
+        unknown=answered < manager.quorum or any(r is not None and r.state == "unknown" for r in records),
+    )
     request.current_app = admin_obj.admin_site.name
     return TemplateResponse(request, "admin/django_redlock/lock/confirm_release.html", context)
 
 
-def _read(
-    manager: Any, match: str | None, order: str, number: Any
-) -> tuple[list[Any], Paginator[Any], Any, dict[str, str]]:
-    """The records of the asked page (in ``order``), its paginator and page, and the nodes that did not answer.
+def _read(manager: Any, match: str | None, order: str, number: Any) -> tuple[Any, Paginator[Any], Any]:
+    """The listing of the asked page (its records in ``order``, the nodes that did not answer), its paginator
+    and page.
 
     One reading: the walk reads of every lock only what the order sorts by,
     then the page's locks in full; a page past the end is the last one.
@@ -216,7 +240,7 @@ def _read(
     descending = "-" if order.startswith("-") else ""
     listing = manager.lock_listing(match, rows=rows, order=descending + ORDERS[order.lstrip("-")])
     paginator, page = pages[0]
-    return list(listing.records), paginator, page, listing.down
+    return listing, paginator, page
 
 
 def _when(timestamp: float | None) -> datetime | None:

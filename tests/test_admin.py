@@ -187,3 +187,30 @@ def test_passwords_never_on_the_page_when_some_nodes_refuse_them(admin_client, s
     page = admin_client.get(reverse(LIST)).content.decode()
     assert "guarded" in page and "3/5" in page and page.count("<strong>down</strong>") == 2
     assert waiting_cell(page, "guarded") == "0" and "Page-Secret-4" not in page
+
+
+def test_fewer_than_a_quorum_answering_shows_unknown_and_the_confirmation_warns(admin_client, settings, servers):
+    settings.REDLOCK_NODES = servers.urls[:3]
+    get_lock_manager().acquire("held-everywhere", ttl=30)
+    servers[1].kill()
+    servers[2].kill()
+    page = admin_client.get(reverse(LIST)).content.decode()
+    assert "minority left-over" not in page and "unknown" in page
+    banner = page.index('class="errornote redlock-unknown"')
+    assert banner < page.index('id="result_list"')  # at the top, above the locks
+    assert "Only 1 of 3 nodes answered" in page
+    confirm = admin_client.post(reverse(RELEASE), {"resource": ["held-everywhere"]}).content.decode()
+    assert "Are you sure?" in confirm and "Only 1 of 3 nodes answered" in confirm
+    assert "may still be held by a quorum" in confirm
+
+
+def test_the_confirmation_warns_of_a_lock_whose_state_is_unknown(admin_client, servers):
+    manager = get_lock_manager()
+    manager.acquire("clean", ttl=30)
+    confirm = admin_client.get(reverse(RELEASE), {"resource": "clean"}).content.decode()
+    assert "may still be held by a quorum" not in confirm  # every node answered: held, and it says so
+    for server in servers[:2]:
+        redis.Redis.from_url(server.url).delete("redlock:lock:clean")  # 3 of 5 nodes hold it
+    servers[4].kill()  # 2 of the 4 that answer: the silent one could be the third
+    confirm = admin_client.get(reverse(RELEASE), {"resource": "clean"}).content.decode()
+    assert "may still be held by a quorum" in confirm

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from io import StringIO
+
 import pytest
 import redis
+from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from django_redlock.core.listing import ORDERS
+from django_redlock import get_lock_manager
+from django_redlock.core import LockManager, steps
+from django_redlock.core.listing import NODE_WAIT, ORDERS, read_listing
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import LIST
 
@@ -312,3 +318,80 @@ def test_admin_detail_reads_its_one_key(servers, admin_client):
     page = admin_client.get(reverse("admin:django_redlock_lock_detail"), {"resource": "s-split"}).content.decode()
     assert "Held on 2 of 5 nodes (split between holders)" in page and all(f"<td>h:{n}</td>" in page for n in (1, 2, 3))
     assert page.count("<td>h:") == 4 and commandstats(servers[0], "scan") == scans  # one row a node holding it
+
+
+def three_nodes(servers):
+    return LockManager(servers.urls[:3], ttl=30.0, retry_count=0, node_timeout=0.05, restart_window=0)
+
+
+@pytest.mark.parametrize("rows", [None, slice(0, 100)])
+def test_a_lock_is_unknown_when_fewer_than_a_quorum_answered(servers, rows):
+    """1 of 3 nodes answering: a lock it holds may be held by a quorum, so its state is unknown, not a left-over."""
+    manager = three_nodes(servers)
+    try:
+        manager.acquire("held-everywhere")
+        servers[1].kill()
+        servers[2].kill()
+        listing = manager.lock_listing(rows=rows)
+        assert not listing.trustworthy
+        assert [(r.resource, r.nodes_holding, r.state) for r in listing.records] == [("held-everywhere", 1, "unknown")]
+    finally:
+        manager.close()
+
+
+def test_a_minority_is_unknown_while_the_silent_nodes_could_make_it_a_quorum(manager, servers):
+    fill(servers, count=1, nodes=[0, 1])  # r-00000 on 2 of 5 nodes
+    assert manager.lock_record("r-00000").state == "minority"  # every node answered: 2 of 5, for sure
+    servers[4].kill()
+    record = manager.lock_record("r-00000")
+    assert (record.nodes_holding, record.state) == (2, "unknown")  # the silent node may hold the third copy
+    servers[3].kill()
+    assert manager.lock_listing().records[0].state == "unknown"
+    sorted_by_state = manager.lock_listing(rows=slice(0, 10), order="state")
+    assert [r.state for r in sorted_by_state.records] == ["unknown"]
+
+
+def test_silent_nodes_cost_the_walk_one_round_within_the_node_timeout(servers):
+    """Two of three nodes paused: they are waited for once, in one round bounded by the listing's node timeout
+    (not the walk's longer one), and left out of every later round; a node still overdue is not waited for again."""
+    fill(servers, nodes=range(3))
+    manager = three_nodes(servers)
+    servers[1].pause()
+    servers[2].pause()
+    try:
+        for _ in range(2):
+            fans = []
+
+            def perform(effect):
+                if isinstance(effect, steps.Fan):
+                    fans.append(effect)
+                return manager._perform(effect)
+
+            step = read_listing(manager.config, manager.node_list, manager.quorum, rows=slice(0, 100))
+            listing = steps.run_sync(step, perform)
+            reaching = [fan for fan in fans if fan.commands[1] is not None or fan.commands[2] is not None]
+            assert len(reaching) == 1 and reaching[0].timeout == NODE_WAIT and not reaching[0].allow_lagging
+            assert len(fans) > 2  # the walk itself went on with the node that answered
+            assert set(listing.down) == set(manager.nodes[1:]) and listing.count == LOCKS
+        assert all("earlier command" in why for why in listing.down.values())  # the second time: not waited for
+    finally:
+        servers[1].resume()
+        servers[2].resume()
+        manager.close()
+
+
+@pytest.mark.usefixtures("redlock_settings")
+def test_redlock_list_says_unknown_when_fewer_than_a_quorum_answered(servers, settings):
+    settings.REDLOCK_NODES = servers.urls[:3]
+    get_lock_manager().acquire("held-everywhere", ttl=30)
+    servers[1].kill()
+    servers[2].kill()
+    for args in ((), ("--json",)):
+        out, err = StringIO(), StringIO()
+        with pytest.raises(CommandError) as failed:
+            call_command("redlock", "list", *args, stdout=out, stderr=err)
+        assert failed.value.returncode == 2 and "Only 1 of 3 nodes answered" in str(failed.value)
+        if args:
+            assert [lock["state"] for lock in json.loads(out.getvalue())] == ["unknown"]
+        else:
+            assert "unknown" in out.getvalue() and "minority" not in out.getvalue()

@@ -27,14 +27,17 @@ from django_redlock.core.steps import Fan, Step
 
 __all__ = ["ORDERS", "Order", "Rows", "read_listing", "read_record"]
 
-#: Timeout of operator calls (SCAN pages, INFO): these are not on the locking path.
+#: How long a node gets to answer a reading's first call (or the node timeout, if longer). A node
+#: silent that long is left out of the rest of the reading, so nodes that are down cost one such wait.
+NODE_WAIT = 0.5
+#: How long a node that answered gets for each later call (SCAN pages may take a while on a big node).
 ADMIN_TIMEOUT = 2.0
 SCAN_COUNT = 1000
 
 
-#: A sort key: from a lock's copies (values, ttls ms and live places, one per node holding its key)
-#: and the quorum.
-SortKey = Callable[[tuple[str, ...], tuple[int, ...], tuple[int, ...], int], Any]
+#: A sort key: from a lock's copies (values, ttls ms and live places, one per node holding its key),
+#: the quorum and how many nodes did not answer.
+SortKey = Callable[[tuple[str, ...], tuple[int, ...], tuple[int, ...], int, int], Any]
 
 
 class Order(NamedTuple):
@@ -50,7 +53,9 @@ class Order(NamedTuple):
     by_holder: Callable[[Holder], Any] | None = None
 
 
-def _main_value(values: tuple[str, ...], pttls: tuple[int, ...], lives: tuple[int, ...], quorum: int) -> str:
+def _main_value(
+    values: tuple[str, ...], pttls: tuple[int, ...], lives: tuple[int, ...], quorum: int, silent: int
+) -> str:
     return values[main_copies(values)[0]]
 
 
@@ -59,13 +64,15 @@ def _main_value(values: tuple[str, ...], pttls: tuple[int, ...], lives: tuple[in
 #: reads no values, so every copy counts as the main holder's: a lock sorts by the quorum-th longest
 #: ttl of its keys, whoever holds them (its ``ttl`` unless its copies disagree).
 ORDERS: dict[str, Order] = {
-    "resource": Order("n", False, lambda values, pttls, lives, quorum: None),  # the keys' own order
+    "resource": Order("n", False, lambda values, pttls, lives, quorum, silent: None),  # the keys' own order
     "state": Order(
-        "v", False, lambda values, pttls, lives, quorum: state_of(len(main_copies(values)), len(values), quorum)
+        "v",
+        False,
+        lambda values, pttls, lives, quorum, silent: state_of(len(main_copies(values)), len(values), quorum, silent),
     ),
-    "nodes_holding": Order("v", False, lambda values, pttls, lives, quorum: len(main_copies(values))),
-    "ttl": Order("t", False, lambda values, pttls, lives, quorum: ttl_of(pttls, quorum)),
-    "waiting": Order("n", True, lambda values, pttls, lives, quorum: waiting_of(lives, quorum)),
+    "nodes_holding": Order("v", False, lambda values, pttls, lives, quorum, silent: len(main_copies(values))),
+    "ttl": Order("t", False, lambda values, pttls, lives, quorum, silent: ttl_of(pttls, quorum)),
+    "waiting": Order("n", True, lambda values, pttls, lives, quorum, silent: waiting_of(lives, quorum)),
     "holder": Order("v", False, _main_value, str),
     "acquired_at": Order("v", False, _main_value, lambda holder: holder.acquired_at or 0),
 }
@@ -96,13 +103,20 @@ def read_record(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resour
 
 
 def _read(scan: Scan) -> Step:
-    timeout = max(scan.config.node_timeout, ADMIN_TIMEOUT)
+    """Walk, then inspect. Nodes that are down cost one wait: the first call waits
+    :data:`NODE_WAIT` for every node, a node silent by then is left out of the
+    later calls, and a node whose earlier reply is still overdue is not waited
+    for at all (``allow_lagging=False``)."""
+    node_timeout = scan.config.node_timeout
+    timeout = max(node_timeout, NODE_WAIT)
     while scan.running:
         commands = scan.commands()
-        scan.take(commands, (yield Fan(commands, timeout=timeout, script=LIST)))
+        scan.take(commands, (yield Fan(commands, timeout=timeout, script=LIST, allow_lagging=False)))
+        timeout = max(node_timeout, ADMIN_TIMEOUT)
     commands = scan.inspect_commands()
     if any(commands):
-        scan.take_inspected(commands, (yield Fan(commands, timeout=timeout, script=INSPECT)))
+        fan = Fan(commands, timeout=timeout, script=INSPECT, allow_lagging=False)
+        scan.take_inspected(commands, (yield fan))
     return scan.listing()
 
 
@@ -257,7 +271,8 @@ class Scan:
     def ranked(self, copies: Sequence[tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]]) -> list[int]:
         """The positions of locks (their values, ttls and live places) in the order asked; ties keep their place."""
         order = self.order
-        ranks = [order.key(values, pttls, lives, self.quorum) for values, pttls, lives in copies]
+        silent = len(self.down)
+        ranks = [order.key(values, pttls, lives, self.quorum, silent) for values, pttls, lives in copies]
         if order.by_holder is not None:
             ranks = list(map(order.by_holder, Holder.decode_many(ranks)))
         return sorted(range(len(ranks)), key=ranks.__getitem__, reverse=self.descending)

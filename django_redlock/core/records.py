@@ -175,10 +175,13 @@ def waiting_of(lives: Sequence[int], quorum: int) -> int:
     return sorted(lives)[-min(quorum, len(lives))] if any(lives) else 0
 
 
-def state_of(holding: int, copies: int, quorum: int) -> str:
-    """``held`` (one holder on a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
+def state_of(holding: int, copies: int, quorum: int, silent: int = 0) -> str:
+    """``held`` (one holder on a quorum), ``unknown`` (the ``silent`` nodes, which did not answer, could
+    make it a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
     if holding >= quorum:
         return "held"
+    if holding + silent >= quorum:
+        return "unknown"
     return "minority" if holding == copies else "split"  # the copies not holding the main value hold others
 
 
@@ -221,7 +224,7 @@ class LockRecord:
     ttl: float = field(init=False)
     #: Calls waiting in line (see :func:`waiting_of`).
     waiting: int = field(init=False)
-    #: ``held``, ``split`` or ``minority`` (see :func:`state_of`).
+    #: ``held``, ``unknown``, ``split`` or ``minority`` (see :func:`state_of`).
     state: str = field(init=False)
     _main: tuple[int, ...] = field(init=False, repr=False, compare=False)  # the copies storing the main value
     _holders: tuple[Holder, ...] | None = field(init=False, default=None, repr=False, compare=False)
@@ -231,7 +234,7 @@ class LockRecord:
         self.nodes_holding = len(main)
         self.ttl = ttl_of(self.pttls if len(main) == len(self.pttls) else [self.pttls[i] for i in main], self.quorum)
         self.waiting = waiting_of(self.lives, self.quorum)
-        self.state = state_of(len(main), len(self.values), self.quorum)
+        self.state = state_of(len(main), len(self.values), self.quorum, len(self.down))
 
     def holders(self) -> tuple[Holder, ...]:
         """Each copy's holder, in node order; equal values share one decoded :class:`Holder`."""
@@ -267,6 +270,7 @@ STATE_WORDS = {
     "held": "held by a quorum",
     "split": "split between holders",
     "minority": "minority left-over",
+    "unknown": "unknown: may be held",
 }
 
 
@@ -282,9 +286,15 @@ class LockListing:
     count: int
 
     @property
+    def answered(self) -> int:
+        """How many nodes answered."""
+        return self.total - len(self.down)
+
+    @property
     def trustworthy(self) -> bool:
-        """False when too few nodes answered: a lock held on a quorum may be missing from the listing."""
-        return self.total - len(self.down) >= self.quorum
+        """False when too few nodes answered: every lock's state is unknown, and a lock held on a
+        quorum may be missing from the listing."""
+        return self.answered >= self.quorum
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,9 @@ class Command(BaseCommand):
         for name, why in listing.down.items():
             self.stderr.write(self.style.WARNING(f"Node {name} did not answer ({why}); its keys are not listed."))
         if not listing.trustworthy:
-            answered = listing.total - len(listing.down)
             raise CommandError(
-                f"Only {answered} of {listing.total} nodes answered, {listing.quorum} needed: a lock held on a "
-                "quorum may be missing from this list.",
+                f"Only {listing.answered} of {listing.total} nodes answered, {listing.quorum} needed: whether "
+                "these locks are held is unknown, and a lock held on a quorum may be missing from this list.",
                 returncode=2,
             )
 
