@@ -402,7 +402,7 @@ class LockManager(ManagerBase):
         nodes = self.node_list
         timings: list[float | None] = [None] * len(nodes)
         results = fanout(nodes, [("INFO",)] * len(nodes), timeout=timeout, timings=timings)
-        fsync = fanout(nodes, [("CONFIG", "GET", "appendfsync")] * len(nodes), timeout=timeout)
+        fsync = fanout(nodes, config_reads(results), timeout=timeout)
         window = self.config.restart_window
         return [status_of(*row, window) for row in zip(nodes, results, fsync, timings)]
 
@@ -449,6 +449,11 @@ class LockManager(ManagerBase):
     def _forget(self, lock: Lock) -> None:
         if self._extender_instance is not None:  # none before the first auto-extended lock
             self._extender_instance.remove(lock)
+
+
+def config_reads(info_replies: Sequence[Any]) -> list[tuple[str, ...] | None]:
+    """``CONFIG GET appendfsync`` for the nodes that answered INFO; a silent node is not waited for twice."""
+    return [None if isinstance(r, Failure) and not r.answered else ("CONFIG", "GET", "appendfsync") for r in info_replies]
 
 
 def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
