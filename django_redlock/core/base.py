@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core import ledger
-from django_redlock.core.rounds import Failure
+from django_redlock.core.rounds import Failure, Granted
 from django_redlock.core.records import ForcedRelease, Holder
 from django_redlock.core.scripts import (
     ACQUIRE,
+    EXTEND,
     HELD,
     INSPECT,
     LIST,
@@ -42,6 +43,10 @@ Resources = str | Iterable[str]
 
 #: Fixed part of the drift allowance (the spec's "2 milliseconds").
 DRIFT_CONSTANT = 0.002
+#: A node sets a key's expiry in whole milliseconds of its clock: up to this much before its TIME.
+EXPIRY_STEP = 0.001
+#: A lock won after waiting in line with more than this fraction of its ttl gone is extended once.
+TOP_UP = 0.1
 #: The longest ttl any client may use unless configured otherwise (seconds).
 DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
@@ -734,16 +739,44 @@ class Attempts:
     def won(self, results: Sequence[Any], started: float, quorum: int, now: float) -> bool:
         """Judge an attempt: a quorum said yes and validity is left after drift.
 
-        ``started`` is read before the first command was written (before the
-        wait in line, too), ``now`` after the last reply: the validity is what
-        is left of the ttl in between.
+        ``started`` is read before the first command was written, ``now`` after
+        the last reply: the validity is what is left of the ttl in between. A
+        vote that waited in line first ran later: each node measured on its
+        own clock how long it waited at least (:class:`~.rounds.Granted`), and
+        the ttl counts from ``started`` plus what a quorum of the granting nodes
+        waited, less the drift on it (see docs/safety.rst, "Validity after
+        waiting in line").
         """
         self.attempts += 1
         self.results = results
-        #: When the winning attempt began: the lock's validity counts from here.
+        waits = sorted((r.waited for r in results if isinstance(r, Granted)), reverse=True)
+        if len(waits) >= quorum:
+            started += max(0.0, waits[quorum - 1] - EXPIRY_STEP) * (1 - self.config.clock_drift_factor)
+        #: When the winning attempt's ttl counts from: the lock's validity counts from here.
         self.started = started
         self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
         return count(results) >= quorum and self.validity > 0
+
+    def top_up(self) -> tuple[tuple[Any, ...], float] | None:
+        """After a win: an extension to send at once, and how long to wait for it, or None.
+
+        A vote that waited in line can be granted by some nodes long before
+        the others (a node where the lock was free grants at once, another
+        only once its holder releases), and the validity counts from the
+        earliest of them. When that cost more than :data:`TOP_UP` of the ttl,
+        one extension gives the lock the validity of a fresh acquire.
+        """
+        if self.mode != "wait" or self.ttl - self.config.drift(self.ttl) - self.validity <= TOP_UP * self.ttl:
+            return None
+        command = script_command(EXTEND, self.keys, (self.value, ms(self.ttl)))
+        return command, max(0.001, min(self.config.node_timeout, self.validity))
+
+    def topped_up(self, results: Sequence[Any], started: float, quorum: int, now: float) -> None:
+        """Judge the extension of :meth:`top_up`: a quorum that extended within the validity restarts the ttl
+        from ``started`` (read before its write); otherwise the lock keeps the validity it won with."""
+        if count(results, lambda r: r == 1) >= quorum and now - self.started < self.ttl - self.config.drift(self.ttl):
+            self.started = started
+            self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
 
     def unsure(self) -> list[bool]:
         """Per node: may this attempt's value be set there (granted, or no definite answer)?

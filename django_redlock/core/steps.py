@@ -167,6 +167,18 @@ def acquire(
             )
             now = yield NOW
             if plan.won(results, started, quorum, now):
+                top_up = plan.top_up()
+                if top_up is not None:
+                    command, timeout = top_up
+                    started = yield NOW
+                    replies = yield Fan(
+                        [command] * total,
+                        timeout=timeout,
+                        done=base.until_outcome(quorum, total, lambda r: r == 1),
+                        script=EXTEND,
+                        allow_lagging=False,
+                    )
+                    plan.topped_up(replies, started, quorum, (yield NOW))
                 return plan
             pause = plan.next_vote(quorum, now)
             # Release where this attempt's value may be set (the nodes that did not refuse for sure);

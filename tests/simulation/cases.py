@@ -359,7 +359,7 @@ def late_noscript_for_a_release(seed: int) -> Sim:
 
 def waiter_woken_over_a_slow_network(seed: int) -> Sim:
     """B waits in line while A holds; A releases; B's vote runs when its wake-up lands, ~40 ms before
-    B reads it: B's validity must count from before the wait was written, not from the wake-up."""
+    B reads it: B's validity may count the wait each node measured, not from the wake-up B reads."""
     sim = build(seed, ttl=TTL, net=NetConfig(min_delay=0.04, max_delay=0.045, late_chance=0.0), share=0.0)
     a = SimClient(sim, "a", ttl=TTL, node_timeout=0.2)
     b = SimClient(sim, "b", ttl=TTL, node_timeout=0.2)
@@ -371,6 +371,27 @@ def waiter_woken_over_a_slow_network(seed: int) -> Sim:
         world.after(0.4, _release, a, lock)  # b is blocked in BLPOP on every node by then
 
     world.at(START, _acquire, a, "r", a_acquired)
+    world.run_until(START + 3)
+    return sim
+
+
+def waiter_granted_early_by_some_nodes(seed: int) -> Sim:
+    """A holds on nodes 0-2; B, cut off from nodes 0 and 1, waits in line: nodes 3 and 4 (free) grant
+    its wait at once, node 2 only once A releases. B's quorum is nodes 2-4, and the keys on 3 and 4
+    were set first: B's validity counts from them (the quorum-th longest wait), not from node 2's."""
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    a = SimClient(sim, "a", ttl=TTL, node_timeout=0.2)
+    b = SimClient(sim, "b", ttl=TTL, node_timeout=0.2)
+    world = sim.world
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock on nodes 0-2"
+        for node in sim.nodes[:2]:
+            sim.network.partition(node, [b.proc])
+        _acquire(b, "r", lambda lock: lock and _release(b, lock), blocking=True, timeout=3.0)
+        world.after(0.35, _release, a, lock)  # b waits on node 2 by then, granted on nodes 3 and 4
+
+    world.at(START, _hold_on_first_three, sim, a, a_acquired)
     world.run_until(START + 3)
     return sim
 
@@ -519,6 +540,7 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "cancelled acquire": (cancelled_acquire, ()),
     "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
     "waiter woken over a slow network": (waiter_woken_over_a_slow_network, ("wait vote's validity from the wake-up",)),
+    "waiter granted early by some nodes": (waiter_granted_early_by_some_nodes, ("wait credited from the longest wait",)),
     "release after the lock expired": (release_after_the_lock_expired, ("release without comparing the value",)),
     "newcomer while the first in line is woken": (
         newcomer_while_the_first_in_line_is_woken, ("acquire ignores the line",),

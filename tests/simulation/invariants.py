@@ -506,12 +506,14 @@ class Checker:
         """Does ``node`` keep ``value`` at ``key`` for ``validity_true`` more true seconds, and what it has."""
         found = node.peek(key)
         down = ""
-        if found is None:
+        lost = node.peek_lost(key, self.ttl) if found is None or found[0] != value else None
+        if found is None or (lost is not None and lost[0] == value):
             # A node down since a crash that lost the key votes for no one while down,
-            # nor while it sits out after its restart (up for less than the ttl): it
-            # keeps the lock as well as if it still held the key (a restart that votes
-            # too early is caught by (a), not here).
-            found = node.peek_lost(key, self.ttl)
+            # nor while it sits out after its restart (up for less than the ttl), even
+            # if another caller's vote set the key there meanwhile: it keeps the lock as
+            # well as if it still held the key (a restart that votes too early is caught
+            # by (a), not here).
+            found = lost
             down = " (lost in a crash; down or sitting out)"
         if found is None:
             return False, "none"

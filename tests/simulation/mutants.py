@@ -123,14 +123,14 @@ def validity_from_after_the_fanout() -> Any:
 @contextmanager
 def wait_validity_from_the_wake_up() -> Iterator[None]:
     """A vote that waited in line counts its validity from the wake-up (the last BLPOP reply read
-    before the outcome was known), not from before the BLPOP and the vote were written."""
+    before the outcome was known), not from before the write plus what the nodes measured."""
     woken: dict[str, float] = {}
     real_prepare, real_read, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.read, base.Attempts.won
 
     def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
         extra = real_prepare(self, conn, mine, window, now, block)
-        if block is not None:
-            conn.expect[-2].key = block[0]  # the WAKE entry, right before the vote: remember its list
+        if block is not None:  # remember the wait's list on its WAKE entry
+            next(e for e in reversed(conn.expect) if e.kind == ledger.WAKE).key = block[0]
         return extra
 
     def read(self: Any, conn: Any, reply: Any, now: float) -> Any:
@@ -142,11 +142,26 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
         wake = woken.pop(self.wake, None)
         if self.mode == "wait" and wake is not None:
             started = max(started, wake)
+            results = [bytes(r) if isinstance(r, rounds.Granted) else r for r in results]
         return real_won(self, results, started, quorum, now)
 
     with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "read", read), \
             _patch(base.Attempts, "won", won):
         yield
+
+
+def wait_credited_from_the_longest() -> Any:
+    """A vote that waited in line is credited the longest wait of its granting nodes, not the wait a
+    quorum of them reached (a node that granted at once keeps the key from then)."""
+    real = base.Attempts.won
+
+    def won(self: Any, results: Any, started: float, quorum: int, now: float) -> bool:
+        waits = [r.waited for r in results if isinstance(r, rounds.Granted)]
+        longest = max(waits, default=0.0)
+        results = [rounds.Granted(bytes(r), longest) if base.is_ok(r) else r for r in results]
+        return real(self, results, started, quorum, now)
+
+    return _patch(base.Attempts, "won", won)
 
 
 def release_without_compare() -> Any:
@@ -302,6 +317,8 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
         wait_validity_from_the_wake_up,
         {"net": NetConfig(min_delay=0.01, max_delay=0.045), "node_timeout": 0.2},
     ),
+    # Needs a quorum whose nodes granted at different times (a scripted case).
+    "wait credited from the longest wait": (wait_credited_from_the_longest, {}),
     "release without comparing the value": (release_without_compare, {}),
     # Not safety: the contention run (no faults) checks fairness (f) and wake-ups (g).
     # Mostly non-blocking callers: a free lock with someone first in line is common.
