@@ -8,6 +8,7 @@ last nodes when the program ends without closing its manager.
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import textwrap
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.core import AsyncLockManager, LockManager, aio
 from django_redlock.exceptions import LockNotAcquired
 from tests.conftest import eventually, on_nodes
 from tests.proxy import Proxy
+from tests.test_loop_connections import open_files
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 20
@@ -122,3 +124,39 @@ def test_a_release_at_exit_without_closing_reaches_the_slow_nodes(servers, engin
     finally:
         for proxy in slow:
             proxy.close()
+
+
+# -- event loops closed without shutting down their async generators ----------------------------
+
+CLOSED_LOOPS = 40
+
+
+def test_loops_closed_without_shutdown_asyncgens_leave_nothing_behind(servers):
+    """``new_event_loop()``, ``run_until_complete()``, ``close()``: the loop never runs the end that
+    closes its connections, so the next loop's first connection closes them."""
+    manager = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.5, restart_window=0)
+
+    async def once(i):
+        lock = await manager.acquire(f"closed-loop-{i}", blocking=False)
+        await lock.release()
+
+    def in_a_closed_loop(i):
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(once(i))
+        finally:
+            loop.close()  # no loop.shutdown_asyncgens()
+
+    in_a_closed_loop(-1)
+    gc.collect()
+    files = open_files()
+    for i in range(CLOSED_LOOPS):
+        in_a_closed_loop(i)
+    gc.collect()
+    grown = open_files() - files
+    ends = len(aio._LOOP_ENDS)
+    books = max(len(anode._pools) for anode in manager.anodes)
+    # The last loop's connections stay until the next loop connects (or the manager is closed).
+    assert grown <= 0 and ends <= 1 and books <= 1, (
+        f"{CLOSED_LOOPS} closed loops: {grown} more files open, {ends} loop ends and {books} books per node kept"
+    )

@@ -105,6 +105,15 @@ class AConn(ConnState, asyncio.Protocol):
         self.closed = True
         self.transport.close()
 
+    def close_abandoned(self) -> None:
+        """Close the socket of a connection whose event loop is closed (it can run nothing more)."""
+        self.closed = True
+        transport = self.transport
+        inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", transport)  # TLS: the TCP one
+        if getattr(inner, "_sock", None) is not None:
+            inner._call_connection_lost(None)  # what close() would have the loop run: closes the socket
+        self.conn._reader = self.conn._writer = None  # nothing left for redis-py to close when collected
+
 
 class AsyncNode:
     """One node's asyncio connections and books (per event loop, fork-aware)."""
@@ -140,10 +149,23 @@ class AsyncNode:
                     self._pid = os.getpid()
                 books = self._pools.get(loop)
                 if books is None:
+                    self._sweep_closed_loops()
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history
                     )
         return books
+
+    def _sweep_closed_loops(self) -> None:
+        """Close the connections of loops closed without shutting down their async generators
+        (``run_until_complete()`` then ``close()``): their end never ran, and the books' transports
+        would keep such a loop (and its sockets) alive for good. Hold :attr:`_pools_lock`."""
+        for loop in [loop for loop in self._pools if loop.is_closed()]:
+            books = self._pools.pop(loop)
+            now = time.monotonic()
+            for aconn in [conn for conn, _ in books.idle] + list(books.parked):
+                books.drop(aconn, now)
+                aconn.close_abandoned()
+            books.idle.clear()
 
     def _conns(self) -> list[AConn]:
         books = self.books
@@ -235,6 +257,8 @@ async def _close_at_loop_end(anode: AsyncNode) -> None:
     loop = asyncio.get_running_loop()
     known = _LOOP_ENDS.get(loop)
     if known is None:
+        for closed in [other for other in _LOOP_ENDS if other.is_closed()]:
+            del _LOOP_ENDS[closed]  # its end never ran and never will; it kept that loop alive
         nodes: weakref.WeakSet[AsyncNode] = weakref.WeakSet()
         end = _at_loop_end(nodes)
         _LOOP_ENDS[loop] = nodes, end
