@@ -615,6 +615,22 @@ def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quoru
         raise lost_error(lock.resource, reason)
 
 
+def extend_command(keys: Sequence[str], value: str, ttl: float) -> tuple[Any, ...]:
+    """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``."""
+    return script_command(EXTEND, keys, (value, ms(ttl)))
+
+
+def extended(reply: Any) -> bool:
+    """An EXTEND reply that says the node now keeps the key for the new ttl."""
+    return type(reply) is int and reply == 1
+
+
+def extension_held(results: Sequence[Any], quorum: int, finished: float, old_deadline: float) -> bool:
+    """An EXTEND fan-out holds when a quorum extended and the lock was still valid once the last reply
+    needed was read (``finished``); the new validity then counts from before its write."""
+    return count(results, extended) >= quorum and finished < old_deadline
+
+
 def extension_limit_error(lock: LockBase, limit: int) -> LockError:
     return LockError(
         f"Lock {lock.resource!r} has been extended {limit} times, the limit (max_extensions); "
@@ -768,13 +784,13 @@ class Attempts:
         """
         if self.mode != "wait" or self.ttl - self.config.drift(self.ttl) - self.validity <= TOP_UP * self.ttl:
             return None
-        command = script_command(EXTEND, self.keys, (self.value, ms(self.ttl)))
+        command = extend_command(self.keys, self.value, self.ttl)
         return command, max(0.001, min(self.config.node_timeout, self.validity))
 
     def topped_up(self, results: Sequence[Any], started: float, quorum: int, now: float) -> None:
         """Judge the extension of :meth:`top_up`: a quorum that extended within the validity restarts the ttl
         from ``started`` (read before its write); otherwise the lock keeps the validity it won with."""
-        if count(results, lambda r: r == 1) >= quorum and now - self.started < self.ttl - self.config.drift(self.ttl):
+        if extension_held(results, quorum, now, self.started + self.ttl - self.config.drift(self.ttl)):
             self.started = started
             self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
 

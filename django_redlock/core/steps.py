@@ -174,7 +174,7 @@ def acquire(
                     replies = yield Fan(
                         [command] * total,
                         timeout=timeout,
-                        done=base.until_outcome(quorum, total, lambda r: r == 1),
+                        done=base.until_outcome(quorum, total, base.extended),
                         script=EXTEND,
                         allow_lagging=False,
                     )
@@ -240,11 +240,11 @@ def extend(lock: Any, ttl: Any, automatic: bool, quorum: int, total: int) -> Ste
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
     started = yield NOW
-    command = script_command(EXTEND, lock.keys, (lock.value, base.ms(new_ttl)))
+    command = base.extend_command(lock.keys, lock.value, new_ttl)
     results = yield Fan(
         [command] * total,
         timeout=lock._extend_timeout(),
-        done=base.until_outcome(quorum, total, lambda r: r == 1),
+        done=base.until_outcome(quorum, total, base.extended),
         script=EXTEND,
         allow_lagging=False,
     )
