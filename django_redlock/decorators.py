@@ -260,13 +260,25 @@ def lost_response(request: HttpRequest, error: LockLost) -> HttpResponse:
 
 def _outcome(lock: Any, result: Any, request: HttpRequest | None) -> Any:
     """The call's result once its lock is released; if the lock was lost while the code ran, a
-    view answers :func:`lost_response` and anything else raises :class:`LockLost`."""
+    view (a call with a request that returned a response) answers :func:`lost_response` and
+    anything else raises :class:`LockLost`."""
     error = lock._lost_error()
     if error is None:
         return result
-    if request is None:
+    if request is None or not isinstance(result, HttpResponseBase):
         raise error
+    roll_back_request()
     return lost_response(request, error)
+
+
+def roll_back_request() -> None:
+    """Mark the request's transactions (``ATOMIC_REQUESTS``) for rollback: the 500 answered for a
+    lost lock is not an exception, and Django would commit the work done without the lock."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if connection.settings_dict.get("ATOMIC_REQUESTS") and connection.in_atomic_block:
+            connection.set_rollback(True)
 
 
 def retry_after_seconds(error: LockNotAcquired) -> int:
@@ -330,6 +342,13 @@ def redlock(
     base.check_flag(reentrant, "reentrant")
 
     def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            name = getattr(func, "__qualname__", repr(func))
+            raise TypeError(
+                f"@redlock cannot lock {name}(), a generator function: calling it returns before its body "
+                "runs, so the lock would be released first. Take the lock inside the generator instead: "
+                "with manager.lock(...) (async with for an async generator)."
+            )
         spec = Keys(key, func)
         options: dict[str, Any] = {
             "ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant
@@ -471,6 +490,8 @@ class RedlockMixin:
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         from django_redlock.manager import get_lock_manager
 
+        if _is_api_view(self):
+            request._redlock_api = True  # type: ignore[attr-defined]  # answered in JSON, as @redlock does
         resource = self.get_redlock_key()
         conf.check_max_ttl(self.redlock_ttl)
         try:
@@ -492,6 +513,14 @@ class RedlockMixin:
             return _release_after_stream(response, lock, None)
         lock.release()
         return _outcome(lock, response, request)
+
+
+def _is_api_view(view: Any) -> bool:
+    """True for a REST framework view (never imports REST framework)."""
+    import sys
+
+    views = sys.modules.get("rest_framework.views")
+    return views is not None and isinstance(view, views.APIView)
 
 
 # -- @redlock_command -------------------------------------------------------------

@@ -24,10 +24,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse |
     """REST framework's handler, plus: :class:`~django_redlock.exceptions.LockNotAcquired` -> 423 / 503 JSON,
     :class:`~django_redlock.exceptions.LockLost` -> 500 JSON."""
     from rest_framework.views import exception_handler as default_handler
+    from rest_framework.views import set_rollback
 
     if isinstance(exc, (LockNotAcquired, LockLost)):
         request = find_request((context.get("request"),), {})
         if request is not None:
+            set_rollback()  # a handled exception: REST framework would commit ATOMIC_REQUESTS work
             if isinstance(exc, LockLost):
                 return lost_response(request, exc)
             return locked_response(request, exc)

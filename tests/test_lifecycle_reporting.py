@@ -260,3 +260,101 @@ def test_a_command_whose_lock_was_lost_in_process_exits_three():
         call_command(Command(), stdout=StringIO(), stderr=StringIO())
     assert info.value.returncode == EXIT_LOST
     assert time.monotonic() - started < 2.5
+
+
+# -- a lost lock's 500 rolls back the request's transaction; what is a view ------------
+
+
+def atomic_request(view):
+    """``view`` as Django runs it under ``ATOMIC_REQUESTS`` (one transaction per request)."""
+    from django.core.handlers.base import BaseHandler
+
+    return BaseHandler().make_view_atomic(view)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_lock_s_500_rolls_back_the_request_s_transaction(settings, monkeypatch):
+    pytest.importorskip("rest_framework")
+    from django.db import connection
+    from rest_framework.response import Response
+    from rest_framework.views import APIView
+
+    from tests.models import Invoice
+
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    settings.REST_FRAMEWORK = {"EXCEPTION_HANDLER": "django_redlock.rest_framework.exception_handler"}
+
+    @redlock("atomic-fn-view", ttl=TTL)
+    def function_view(request):
+        Invoice.objects.create(number="function")
+        run_past_the_lock("atomic-fn-view")
+        return HttpResponse("body-answer")
+
+    class Mixin(RedlockMixin, View):
+        redlock_key = "atomic-mixin"
+        redlock_ttl = TTL
+
+        def post(self, request):
+            Invoice.objects.create(number="mixin")
+            run_past_the_lock("atomic-mixin")
+            return HttpResponse("body-answer")
+
+    class ByHand(APIView):
+        def post(self, request):
+            with get_lock_manager().lock("atomic-by-hand", ttl=TTL):
+                Invoice.objects.create(number="by-hand")
+                run_past_the_lock("atomic-by-hand")
+            return Response({"body-answer": True})
+
+    for view in (function_view, Mixin.as_view(), ByHand.as_view()):
+        response = atomic_request(view)(RequestFactory().post("/", headers={"Accept": "application/json"}))
+        if hasattr(response, "render"):
+            response.render()
+        assert_lost_answer(response, json_answer=True)
+    assert list(Invoice.objects.values_list("number", flat=True)) == []  # the work done without the lock is undone
+
+
+def test_a_function_that_takes_the_request_but_is_not_the_view_raises_lock_lost():
+    @redlock("lost-helper-{request.user_id}", ttl=TTL)
+    def transfer(request, amount):
+        run_past_the_lock(f"lost-helper-{request.user_id}")
+        return {"moved": amount}
+
+    request = RequestFactory().post("/")
+    request.user_id = 7
+    with pytest.raises(LockLost, match="'lost-helper-7' was lost"):
+        transfer(request, 10)
+
+
+@pytest.mark.parametrize("kind", ["generator", "async generator"])
+def test_a_generator_function_is_refused_at_decoration(kind):
+    if kind == "generator":
+        def rows():
+            yield 1
+    else:
+        async def rows():
+            yield 1
+
+    with pytest.raises(TypeError, match=r"rows\(\), a generator function.*manager\.lock\("):
+        redlock("rows", ttl=TTL)(rows)
+
+
+@pytest.mark.parametrize("accept", [None, "*/*"])
+def test_the_mixin_on_a_rest_framework_view_answers_json_like_redlock(accept):
+    pytest.importorskip("rest_framework")
+    from rest_framework.response import Response
+    from rest_framework.views import APIView
+
+    class Invoice(RedlockMixin, APIView):
+        redlock_key = "lost-mixin-api"
+        redlock_ttl = TTL
+
+        def get(self, request):
+            run_past_the_lock("lost-mixin-api")
+            return Response({"body-answer": True})
+
+    headers = {"Accept": accept} if accept else {}
+    assert_lost_answer(Invoice.as_view()(RequestFactory().get("/", headers=headers)), json_answer=True)
+    with get_lock_manager().lock("lost-mixin-api", ttl=5):  # held by another: 423, in JSON too
+        response = Invoice.as_view()(RequestFactory().get("/", headers=headers))
+    assert response.status_code == 423 and response["Content-Type"] == "application/json"
