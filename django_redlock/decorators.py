@@ -554,8 +554,11 @@ def redlock_command(
     not run and exits 4 in every mode: that is an outage, not a skip. If the
     lock is lost while the command runs, it is logged, ``lock_lost`` is sent
     and the command is stopped with exit code 3, also inside a blocking call
-    (a signal to the main thread; see the docs for what cannot be interrupted);
-    ``stop_on_lost=False`` only logs, and still exits 3. SIGTERM and SIGINT stop the command, the lock is
+    (a signal to the main thread, when run from the command line; see the docs
+    for what cannot be interrupted); ``stop_on_lost=False``, and a command run
+    by ``call_command()``, only log, and still exit 3 when ``handle`` ends.
+    ``handle`` sees ``self.redlock`` (the lock) and ``self.redlock_lost`` (an
+    event set on a loss). SIGTERM and SIGINT stop the command, the lock is
     released and the process exits 128 + the signal number. The command gains
     ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
     """
@@ -639,7 +642,12 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 return None
             raise CommandError(str(error), returncode=EXIT_LOCKED) from None
         lost = threading.Event()
-        guard = _Guard(lost, threading.current_thread() is threading.main_thread())
+        # Signals are the process's: only a command run from the command line, in the main
+        # thread, takes them over. Run by call_command in a server or a worker, it leaves them to
+        # the host, and a loss is reported when handle() returns.
+        on_command_line = getattr(self, "_called_from_command_line", False)
+        guard = _Guard(lost, on_command_line and threading.current_thread() is threading.main_thread())
+        self.redlock, self.redlock_lost = lock, lost  # for handle() and the threads it starts
 
         def on_lost(_: Any) -> None:
             lost.set()
@@ -647,15 +655,15 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 guard.interrupt()  # the command must not go on unprotected
 
         manager._watch(lock, None, on_lost)
-        result, stopped = None, False
+        result, error = None, None
         try:
             guard.install()
             try:
                 result = handle(self, *args, **options)
             finally:
                 guard.disarm()  # from here on signals are only recorded: nothing interrupts the release
-        except _Stop:
-            stopped = True
+        except BaseException as exc:  # noqa: BLE001 - a loss or a signal outranks how handle() ended
+            error = exc
         finally:
             guard.disarm()
             try:
@@ -664,11 +672,15 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 guard.restore()
         if lock._lost_error() is not None:  # also a loss the release itself found (taken over, expired)
             logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
-            what = "Stopped: the lock" if stopped else "The lock"
-            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST)
+            what = "Stopped: the lock" if guard.sent else "The lock"
+            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from error
         if guard.signum is not None:
             name = signal.Signals(guard.signum).name
-            raise CommandError(f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum)
+            raise CommandError(
+                f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum
+            ) from error
+        if error is not None:
+            raise error  # the command's own error, or an outer command's stop going on out
         return result
 
     return wrapped
@@ -694,16 +706,21 @@ class _Guard:
     a node's mutex, and releasing from there would deadlock.
     """
 
+    #: Installed guards, outermost first: a command may run another.
+    active: list[_Guard] = []
+
     def __init__(self, lost: threading.Event, in_main: bool) -> None:
         self.lost = lost
         self.main = threading.main_thread().ident if in_main else None
         self.armed = False  # True while handle() runs: a signal raises _Stop there
+        self.sent = False  # the stop signal was sent: the lock was lost
         self.mutex = threading.Lock()  # no stop signal is sent once disarmed
-        self.signum: int | None = None  # the first signal received
+        self.signum: int | None = None  # the first signal received from outside
         self.previous: dict[int, Any] = {}
 
     def handler(self, signum: int, frame: Any) -> None:
-        if self.signum is None and not self.lost.is_set():
+        ours = signum == STOP_SIGNAL and any(guard.sent for guard in _Guard.active)  # a lost lock's stop
+        if self.signum is None and not ours:
             self.signum = signum
         if self.armed:
             raise _Stop()
@@ -718,6 +735,7 @@ class _Guard:
         with self.mutex:
             if not (self.armed and self.main is not None):
                 return
+            self.sent = True
             if hasattr(signal, "pthread_kill"):
                 signal.pthread_kill(self.main, STOP_SIGNAL)
             else:  # pragma: no cover - Windows: flags the main thread only
@@ -737,12 +755,20 @@ class _Guard:
                 self.previous[signum] = signal.signal(signum, self.handler)
             except (ValueError, OSError):  # pragma: no cover
                 pass
+        _Guard.active.append(self)
         self.armed = True
 
     def restore(self) -> None:
+        """Put the previous handlers back. A signal received meanwhile goes on to a handler of the
+        host's (a graceful shutdown); Python's own handlers are answered by the exit code."""
+        if self in _Guard.active:
+            _Guard.active.remove(self)
         for signum, old in self.previous.items():
             try:
                 signal.signal(signum, old)
             except (ValueError, OSError, TypeError):  # pragma: no cover
                 pass
+        hosts = self.previous.get(self.signum) if self.signum is not None else None
         self.previous.clear()
+        if self.signum is not None and callable(hosts) and hosts is not signal.default_int_handler:
+            signal.raise_signal(self.signum)

@@ -53,6 +53,12 @@ async def run_past_the_lock_async(resource: str) -> None:
         await asyncio.sleep(0.05)
 
 
+def from_command_line(command: BaseCommand) -> BaseCommand:
+    """``command`` as ``manage.py`` runs it (``run_from_argv``), in this process's main thread."""
+    command._called_from_command_line = True
+    return command
+
+
 def assert_lost_answer(response, json_answer: bool) -> None:
     assert response.status_code == 500, (response.status_code, response.content)
     assert b"body-answer" not in response.content  # the body's own answer is not passed on as a success
@@ -243,9 +249,12 @@ def test_the_command_s_signal_handlers_are_restored():
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     out = StringIO()
-    call_command(Command(), stdout=out, stderr=StringIO())
+    call_command(from_command_line(Command()), stdout=out, stderr=StringIO())
     assert out.getvalue().strip() != repr(before[0])  # its own handler while it ran
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    out = StringIO()
+    call_command(Command(), stdout=out, stderr=StringIO())  # not from the command line: the host's handlers
+    assert out.getvalue().strip() == repr(before[0])
 
 
 def test_a_command_whose_lock_was_lost_in_process_exits_three():
@@ -257,7 +266,7 @@ def test_a_command_whose_lock_was_lost_in_process_exits_three():
 
     started = time.monotonic()
     with pytest.raises(CommandError, match="Stopped: the lock 'lost-in-process' was lost") as info:
-        call_command(Command(), stdout=StringIO(), stderr=StringIO())
+        call_command(from_command_line(Command()), stdout=StringIO(), stderr=StringIO())
     assert info.value.returncode == EXIT_LOST
     assert time.monotonic() - started < 2.5
 
@@ -358,3 +367,104 @@ def test_the_mixin_on_a_rest_framework_view_answers_json_like_redlock(accept):
     with get_lock_manager().lock("lost-mixin-api", ttl=5):  # held by another: 423, in JSON too
         response = Invoice.as_view()(RequestFactory().get("/", headers=headers))
     assert response.status_code == 423 and response["Content-Type"] == "application/json"
+
+
+# -- @redlock_command: a loss is exit 3 whatever handle() ends with; hosts keep their signals ---
+
+
+def lost_command(resource: str, body, **options):
+    @redlock_command(key=resource, ttl=TTL, **options)
+    class Command(BaseCommand):
+        def handle(self, *args, **opts):
+            get_lock_manager().force_release(resource)  # an operator, from the admin
+            return body(self)
+
+    return Command()
+
+
+def sleep_then_say_interrupted(command):
+    try:
+        time.sleep(20)  # stopped by the watchdog's signal long before this ends
+    except KeyboardInterrupt:
+        raise CommandError("interrupted by the user") from None
+
+
+def run_past_then_fail(command):
+    run_past_the_lock("lost-then-fails")
+    raise ValueError("the body failed too")
+
+
+@pytest.mark.parametrize(
+    "resource, body, options",
+    [
+        ("lost-said-interrupted", sleep_then_say_interrupted, {}),
+        ("lost-then-fails", run_past_then_fail, {"stop_on_lost": False}),
+    ],
+)
+def test_a_lost_lock_exits_three_whatever_the_command_ends_with(resource, body, options):
+    command = from_command_line(lost_command(resource, body, **options))
+    with pytest.raises(CommandError, match=f"lock {resource!r} was lost") as info:
+        call_command(command, stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == EXIT_LOST
+
+
+def test_a_nested_command_s_stop_is_the_outer_lock_s_loss():
+    @redlock_command(key="nested-inner", ttl=2)
+    class Inner(BaseCommand):
+        def handle(self, *args, **options):
+            time.sleep(20)
+
+    command = from_command_line(
+        lost_command("nested-outer", lambda command: call_command(from_command_line(Inner()), stdout=StringIO()))
+    )
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="Stopped: the lock 'nested-outer' was lost") as info:
+        call_command(command, stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == EXIT_LOST
+    assert time.monotonic() - started < 2.5
+    assert not get_lock_manager().is_locked("nested-inner")
+
+
+def test_a_command_run_by_call_command_leaves_the_host_s_sigint_to_the_host():
+    """An asyncio server handles SIGINT through the loop; a command it runs whose lock is lost
+    must not shut it down. Without the command line the loss is reported when handle() returns."""
+
+    async def server() -> tuple[list[str], CommandError]:
+        loop = asyncio.get_running_loop()
+        shutdowns: list[str] = []
+        loop.add_signal_handler(signal.SIGINT, shutdowns.append, "SIGINT")
+        try:
+            command = lost_command("hosted", lambda: time.sleep(2))
+            with pytest.raises(CommandError) as info:
+                call_command(command, stdout=StringIO(), stderr=StringIO())
+            for _ in range(5):
+                await asyncio.sleep(0.05)  # the loop reads its wakeup fd and runs handlers that are due
+            return shutdowns, info.value
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    shutdowns, error = asyncio.run(server())
+    assert shutdowns == []
+    assert error.returncode == EXIT_LOST and "The lock 'hosted' was lost" in str(error)
+
+
+def test_a_host_s_sigterm_reaches_the_host_s_handler():
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        for command_line in (False, True):
+            @redlock_command(key="host-sigterm", ttl=2)
+            class Command(BaseCommand):
+                def handle(self, *args, **options):
+                    os.kill(os.getpid(), signal.SIGTERM)  # the host is asked to shut down
+                    time.sleep(0.5)
+
+            command = from_command_line(Command()) if command_line else Command()
+            try:
+                call_command(command, stdout=StringIO(), stderr=StringIO())
+            except CommandError as exc:
+                assert command_line and exc.returncode == 128 + signal.SIGTERM
+            eventually(lambda: len(received) == 1 + command_line, WAIT)
+            assert not get_lock_manager().is_locked("host-sigterm")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
