@@ -9,6 +9,7 @@ import math
 import signal
 import string
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -19,7 +20,7 @@ from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
 from django_redlock import conf
-from django_redlock.core import base
+from django_redlock.core import base, steps
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = [
@@ -655,7 +656,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
                 guard.interrupt()  # the command must not go on unprotected
 
         manager._watch(lock, None, on_lost)
-        result, error = None, None
+        result, failure = None, None
         try:
             guard.install()
             try:
@@ -663,7 +664,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             finally:
                 guard.disarm()  # from here on signals are only recorded: nothing interrupts the release
         except BaseException as exc:  # noqa: BLE001 - a loss or a signal outranks how handle() ended
-            error = exc
+            failure = exc
         finally:
             guard.disarm()
             try:
@@ -673,14 +674,14 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
         if lock._lost_error() is not None:  # also a loss the release itself found (taken over, expired)
             logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
             what = "Stopped: the lock" if guard.sent else "The lock"
-            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from error
+            raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from failure
         if guard.signum is not None:
             name = signal.Signals(guard.signum).name
             raise CommandError(
                 f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum
-            ) from error
-        if error is not None:
-            raise error  # the command's own error, or an outer command's stop going on out
+            ) from failure
+        if failure is not None:
+            raise failure  # the command's own error, or an outer command's stop going on out
         return result
 
     return wrapped
@@ -690,6 +691,8 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
 #: the guard handles it anyway while the command runs, so no other handler is displaced, and
 #: libraries take it as "stop now" (psycopg 3 cancels the query it is waiting for).
 STOP_SIGNAL = signal.SIGINT
+#: How often a stop deferred until the main thread leaves an engine call is sent again (seconds).
+REDELIVERY = 0.005
 
 
 class _Stop(KeyboardInterrupt):
@@ -717,13 +720,29 @@ class _Guard:
         self.mutex = threading.Lock()  # no stop signal is sent once disarmed
         self.signum: int | None = None  # the first signal received from outside
         self.previous: dict[int, Any] = {}
+        self.deferred = threading.Event()  # a signal arrived inside an engine call
 
     def handler(self, signum: int, frame: Any) -> None:
         ours = signum == STOP_SIGNAL and any(guard.sent for guard in _Guard.active)  # a lost lock's stop
         if self.signum is None and not ours:
             self.signum = signum
         if self.armed:
+            if steps.engine_calls.depth:
+                # Inside a lock call of the command's own (an item's acquire or release): unwinding
+                # it half done would leave that lock on the nodes. Stop once it has returned.
+                self.deferred.set()
+                return
             raise _Stop()
+
+    def redeliver(self) -> None:
+        """Send the stop again, every few milliseconds, while the handler defers it."""
+        while self.deferred.wait():
+            with self.mutex:
+                if not self.armed:
+                    return
+                self.deferred.clear()
+                signal.pthread_kill(self.main, STOP_SIGNAL)  # type: ignore[arg-type]
+            time.sleep(REDELIVERY)
 
     def interrupt(self) -> None:
         """Stop the main thread from another thread (the watchdog saw the lock lost).
@@ -746,6 +765,7 @@ class _Guard:
     def disarm(self) -> None:
         with self.mutex:
             self.armed = False
+        self.deferred.set()  # ends redeliver()
 
     def install(self) -> None:
         if self.main is None:
@@ -757,6 +777,8 @@ class _Guard:
                 pass
         _Guard.active.append(self)
         self.armed = True
+        if hasattr(signal, "pthread_kill"):
+            threading.Thread(target=self.redeliver, name="redlock-command-stop", daemon=True).start()
 
     def restore(self) -> None:
         """Put the previous handlers back. A signal received meanwhile goes on to a handler of the

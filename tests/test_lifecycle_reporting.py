@@ -468,3 +468,29 @@ def test_a_host_s_sigterm_reaches_the_host_s_handler():
             assert not get_lock_manager().is_locked("host-sigterm")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_stop_never_lands_inside_the_command_s_own_lock_calls(servers):
+    """A command that locks items one by one spends its time in acquire and release: the stop
+    must wait until the call is done, or the item's key is left on the nodes for its ttl."""
+    from tests.conftest import on_nodes
+
+    @redlock_command(key="items", ttl=TTL)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            manager = get_lock_manager()
+            manager.force_release("items")  # an operator, from the admin
+            while True:
+                with manager.lock("items-item", ttl=30):
+                    pass
+
+    left = []
+    for run in range(20):
+        with pytest.raises(CommandError) as info:
+            call_command(from_command_line(Command()), stdout=StringIO(), stderr=StringIO())
+        assert info.value.returncode == EXIT_LOST, info.value
+        holding = sum(ttl > 0 for ttl in on_nodes(servers, "pttl", "items-item"))
+        if holding:
+            left.append((run, holding))
+            get_lock_manager().force_release("items-item")
+    assert left == [], f"the item's key was left on the nodes after (run, nodes): {left}"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
-from types import TracebackType
+from concurrent.futures.thread import _WorkItem
+from types import CodeType, FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.core import base, steps
+from django_redlock.core import base, forks, steps
 from django_redlock.core.nodes import Failure, fanout
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
@@ -21,23 +23,62 @@ if TYPE_CHECKING:
 __all__ = ["HeldLocks", "Lock", "LockBase", "caller"]
 
 
-def caller() -> tuple[Any, str]:
-    """Who is calling: the running asyncio task, else the thread (the object and a name for messages).
+class _ThreadOwner:
+    """Stands for one thread: kept in thread-local storage, so it goes when the thread's state goes.
 
-    Locks keep a weak reference to it, never an id: ids of finished threads and
-    tasks are reused, and a lock must never be entered by whoever comes next.
+    A thread started by C code has no :class:`threading.Thread` of its own: a later one that gets
+    the same id shares its ``_DummyThread`` object (which never dies), but never its state.
+    """
+
+    __slots__ = ("__weakref__",)
+
+
+_thread_owner = threading.local()
+
+
+_POOL_CALL: CodeType = _WorkItem.run.__code__
+
+
+def _executor_calls() -> tuple[CodeType, ...]:
+    """The code that runs one call submitted to a pool (``concurrent.futures``, and asgiref's executor
+    that runs ``sync_to_async`` calls on the thread of an outer ``async_to_sync``)."""
+    current = sys.modules.get("asgiref.current_thread_executor")
+    run = getattr(getattr(current, "_WorkItem", None), "run", None)
+    return (_POOL_CALL,) if run is None else (_POOL_CALL, run.__code__)
+
+
+def _executor_call() -> Any:
+    """The innermost call this thread runs for an executor (its work item), or None."""
+    calls = _executor_calls()
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        if frame.f_code in calls:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+def caller() -> tuple[Any, str]:
+    """Who is calling, for ``reentrant=True``: the object and a name for messages.
+
+    The running asyncio task; else the executor call this thread runs (a pooled thread serves
+    many callers: ``loop.run_in_executor``, asgiref's ``sync_to_async``, which does not tell the
+    thread which task launched the call); else the thread. Locks keep a weak reference to it,
+    never an id: ids of finished threads and tasks are reused, and a lock must never be entered
+    by whoever comes next.
     """
     loop = asyncio._get_running_loop()  # None outside a loop, where current_task() would raise
     task = asyncio.current_task(loop) if loop is not None else None
     if task is not None:
         return task, f"asyncio task {task.get_name()!r}"
     thread = threading.current_thread()
-    return thread, f"thread {thread.name!r}"
-
-
-def _owned_by(lock: LockBase, me: Any) -> bool:
-    owner = lock._owner()
-    return owner is me and (not isinstance(owner, threading.Thread) or owner.is_alive())
+    call = _executor_call()
+    if call is not None:
+        return call, f"executor call in thread {thread.name!r}"
+    owner = getattr(_thread_owner, "owner", None)
+    if owner is None:
+        owner = _thread_owner.owner = _ThreadOwner()
+    return owner, f"thread {thread.name!r}"
 
 
 class HeldLocks:
@@ -50,7 +91,7 @@ class HeldLocks:
 
     def __init__(self) -> None:
         self._locks: weakref.WeakSet[LockBase] = weakref.WeakSet()
-        self._mutex = threading.Lock()
+        self._mutex = forks.mutex(self, "_mutex")
 
     def add(self, lock: LockBase) -> None:
         with self._mutex:
@@ -74,7 +115,7 @@ class HeldLocks:
         caller holds only part of the set: it would wait for itself.
         """
         me, name = caller()
-        mine = [lock for lock in self.overlapping(resources) if _owned_by(lock, me)]
+        mine = [lock for lock in self.overlapping(resources) if lock._owner() is me]
         if not mine:
             return None
         covering = [lock for lock in mine if set(resources) <= set(lock.resources)]
@@ -102,7 +143,7 @@ class HeldLocks:
         if not held:
             return ""
         me, name = caller()
-        mine = [lock for lock in held if _owned_by(lock, me)]
+        mine = [lock for lock in held if lock._owner() is me]
         if mine:
             lock = mine[0]
             return (
@@ -310,9 +351,8 @@ class LockBase:
         total = len(manager.node_list)
         if self.released:  # released while the EXTEND was on the wire: its replies mean nothing
             raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
-        extended = base.count(results, lambda r: r == 1)
-        finished = self._clock()
-        if extended >= quorum and finished < old_deadline:
+        extended = base.count(results, base.extended)
+        if base.extension_held(results, quorum, self._clock(), old_deadline):
             self.ttl = ttl
             self._deadline = started + ttl - manager.config.drift(ttl)
             self.extensions += 1
@@ -320,7 +360,7 @@ class LockBase:
             base.call_hook(manager.config.hooks, "extended", self)
             return
         refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
-        detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", lambda r: r == 1).items())
+        detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", base.extended).items())
         if self._gone_from_quorum(refused) or self.validity <= 0:
             if extended >= quorum:
                 reason = f"its validity ran out before the extension's replies were in ({extended} of {total} agreed)"
@@ -531,11 +571,15 @@ class LockContext(ContextBase):
     manager: LockManager
 
     def __enter__(self) -> Lock:
-        lock = self.manager.acquire(self.resource, **self.kwargs)
-        self.lock = lock
-        if self.auto_extend and lock._depth == 1:  # a re-entered lock is already kept alive, or not
-            self.manager._watch(lock, self.max_hold, self.on_lost)
-        return lock
+        steps.engine_calls.depth += 1  # until the with block owns the lock: a stop here would leave it
+        try:
+            lock = self.manager.acquire(self.resource, **self.kwargs)
+            self.lock = lock
+            if self.auto_extend and lock._depth == 1:  # a re-entered lock is already kept alive, or not
+                self.manager._watch(lock, self.max_hold, self.on_lost)
+            return lock
+        finally:
+            steps.engine_calls.depth -= 1
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -12,9 +12,10 @@ from django_redlock.core import base, ledger, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
-from django_redlock.core.nodes import Failure, Node, NodeSpec, fanout, parse_info, parse_nodes
+from django_redlock.core.nodes import Node, NodeSpec, fanout, parse_nodes
 from django_redlock.core.listing import Rows, read_listing, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
+from django_redlock.core.rounds import describe_error
 from django_redlock.core.scripts import RELEASE
 
 __all__ = ["LockManager"]
@@ -204,7 +205,7 @@ class LockManager(ManagerBase):
         :param label: Text stored with the holder for operators
             (``redlock list``, the admin); default: the manager's
             ``label``.
-        :param reentrant: When this thread (or asyncio task) already holds
+        :param reentrant: When this owner (thread, asyncio task, or call run by a pool) already holds
             a valid lock of this manager that covers every resource asked
             for, return that same :class:`Lock`, entered once more, without
             asking the nodes; only the outermost ``release()`` releases it.
@@ -398,13 +399,13 @@ class LockManager(ManagerBase):
         return cast("LockRecord | None", steps.run_sync(step, self._perform))
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
-        """Ask every node for INFO; a node that does not answer is reported, not raised."""
+        """Send every node the restart probe (INFO server and replication, persistence) and judge its
+        vote as the engine would; a node that does not answer is reported, not raised."""
         nodes = self.node_list
         timings: list[float | None] = [None] * len(nodes)
-        results = fanout(nodes, [("INFO",)] * len(nodes), timeout=timeout, timings=timings)
-        fsync = fanout(nodes, config_reads(results), timeout=timeout)
-        window = self.config.restart_window
-        return [status_of(*row, window) for row in zip(nodes, results, fsync, timings)]
+        results = fanout(nodes, [ledger.PROBE] * len(nodes), timeout=timeout, timings=timings)
+        window, read = self.config.restart_window, time.monotonic()
+        return [status_of(*row, window, read) for row in zip(nodes, results, timings)]
 
     def ping(self, timeout: float | None = None) -> dict[str, float | None]:
         """Round-trip time to each node in seconds, or None for a node that did not answer."""
@@ -436,7 +437,11 @@ class LockManager(ManagerBase):
     ) -> list[Any]:
         """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
         fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place, quorum=self.quorum)
-        result: list[Any] = self._perform(fan)
+        steps.engine_calls.depth += 1
+        try:
+            result: list[Any] = self._perform(fan)
+        finally:
+            steps.engine_calls.depth -= 1
         return result
 
     def _fence(self, lock: Lock) -> int:
@@ -451,32 +456,25 @@ class LockManager(ManagerBase):
             self._extender_instance.remove(lock)
 
 
-def config_reads(info_replies: Sequence[Any]) -> list[tuple[str, ...] | None]:
-    """``CONFIG GET appendfsync`` for the nodes that answered INFO; a silent node is not waited for twice."""
-    return [None if isinstance(r, Failure) and not r.answered else ("CONFIG", "GET", "appendfsync") for r in info_replies]
-
-
-def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window: float) -> NodeStatus:
-    """Describe a node from its INFO and CONFIG GET appendfsync replies."""
+def status_of(node: Node, replies: Any, latency: float | None, window: float, read: float) -> NodeStatus:
+    """Describe a node from its replies to the probe (:data:`~django_redlock.core.ledger.PROBE`:
+    INFO server, INFO replication, CONFIG GET appendonly and appendfsync; read by ``read``), judged
+    as a vote would be. What they show is learned as a probe's is: a failover is noticed here too."""
     declared = node.fsync_always
     common: dict[str, Any] = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
-    why: str | None  # why the node does not vote (None: it votes)
-    if isinstance(reply, Failure) and reply.answered:
-        # INFO refused (ACL -info, renamed): the restart state is unknown, so the node does not vote.
-        if declared:
-            return NodeStatus(node.name, True, latency=latency, error=str(reply), **common)
-        why = f"INFO refused ({reply}): restart state unknown; grant +info and +config|get, or declare FSYNC_ALWAYS"
-        return NodeStatus(node.name, True, latency=latency, error=str(reply), votes=False, not_voting_reason=why, **common)
-    if isinstance(reply, Failure) or reply is None:
-        error = str(reply) if reply else "no reply"
+    if not isinstance(replies, list):
+        error = str(replies) if replies else "no reply"
         return NodeStatus(node.name, False, error=error, votes=False, not_voting_reason=error, **common)
-    info = parse_info(reply)
-    # INFO's 0/1 flags as booleans; appendfsync as its word ("always", "everysec", "no").
-    persistence: dict[str, bool | str] = {
-        k: info[k] == "1" for k in ("aof_enabled", "rdb_bgsave_in_progress", "loading") if k in info
-    }
-    if isinstance(fsync, list) and len(fsync) == 2:
-        persistence["appendfsync"] = fsync[1].decode() if isinstance(fsync[1], bytes) else str(fsync[1])
+    server, replication, appendonly, appendfsync = replies
+    restart = ledger.learn(replies, read)
+    if restart is not None:
+        node.history.learned(restart)
+    info = ledger.probe_info(replies)
+    persistence: dict[str, bool | str] = {}
+    if ledger.config_value(appendonly):
+        persistence["aof_enabled"] = ledger.config_value(appendonly) == "yes"
+    if ledger.config_value(appendfsync):
+        persistence["appendfsync"] = ledger.config_value(appendfsync)
     uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
     # Only the declaration waives the restart window: what CONFIG says now (shown in ``persistence``)
     # tells nothing of what the node kept across its last restart.
@@ -484,14 +482,23 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
     sits_out = max(0.0, window - age) if age is not None and not declared and window > 0 else 0.0
     moved_at = node.history.moved_at  # a failover this process noticed (ledger.History)
     since = time.monotonic() - moved_at if moved_at is not None else math.inf
-    role = info.get("role")
-    why = None
-    if role != "master":
-        why = f"role {role or 'unknown'}, not a master"
+    refused = describe_error(server) if isinstance(server, Exception) else None
+    passing = next((r for r in (server, replication) if isinstance(r, Exception) and not ledger.denied(r)), None)
+    role = info.get("role")  # None when INFO replication is refused
+    warning = ledger.NO_REPLICATION if refused is None and ledger.denied(replication) else None
+    why: str | None = None  # why the node does not vote (None: it votes)
+    if role is not None and role != "master":
+        why = f"role {role}, not a master"
     elif window > 0 and since < window:
         sits_out = max(sits_out, window - since)
         why = ledger.failed_over(since, window - since)
-    elif uptime is None and not declared:
+    elif passing is not None and window > 0:
+        why = f"INFO failed ({describe_error(passing)}): restart state unknown for now"
+    elif declared:
+        pass
+    elif refused is not None:
+        why = f"INFO refused ({refused}): restart state unknown; grant +info and +config|get, or declare FSYNC_ALWAYS"
+    elif uptime is None:
         why = "INFO does not tell its uptime: its restart state cannot be known"
     elif sits_out:
         why = ledger.sits_out(age or 0.0, sits_out)
@@ -503,9 +510,11 @@ def status_of(node: Node, reply: Any, fsync: Any, latency: float | None, window:
         run_id=info.get("run_id"),
         version=info.get("redis_version"),
         uptime=uptime,
+        error=refused,
         persistence=persistence,
         sits_out_for=sits_out,
         votes=why is None,
         not_voting_reason=why,
+        warning=warning,
         **common,
     )

@@ -18,6 +18,7 @@ same operations.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -274,17 +275,41 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
     return token
 
 
+class EngineCalls(threading.local):
+    """How deep this thread is in engine calls. A signal handler that would unwind one half done
+    (a release written to some nodes only) defers while ``depth`` is above 0; each call is bounded
+    by the node timeout, and its waits (a pause, a wait in line) do not count: the acquire step
+    cleans up after an interruption there."""
+
+    depth = 0
+
+
+engine_calls = EngineCalls()
+
+
 def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
     """Drive ``step`` with ``perform(effect) -> result``; exceptions from ``perform`` are thrown into it."""
     send: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            effect = step.throw(error) if error is not None else step.send(send)
-        except StopIteration as stop:
-            return stop.value
-        error = None
-        try:
-            send = perform(effect)
-        except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
-            send, error = None, exc
+    calls = engine_calls
+    calls.depth += 1
+    try:
+        while True:
+            try:
+                effect = step.throw(error) if error is not None else step.send(send)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
+            try:
+                if waits:
+                    calls.depth -= 1
+                try:
+                    send = perform(effect)
+                finally:
+                    if waits:
+                        calls.depth += 1
+            except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
+                send, error = None, exc
+    finally:
+        calls.depth -= 1
