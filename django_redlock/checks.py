@@ -39,6 +39,7 @@ class Codes:
     UNREACHABLE = "django_redlock.W008"
     SAME_HOST = "django_redlock.W009"
     NOT_FSYNCING = "django_redlock.W010"
+    NO_REPLICATION = "django_redlock.W011"
 
 
 class Messages:
@@ -66,6 +67,10 @@ class Messages:
     NOT_FSYNCING = (
         "Redlock node {node} is declared FSYNC_ALWAYS but runs appendonly {appendonly} with appendfsync "
         "{appendfsync}: it votes right after a restart although it may have lost locks."
+    )
+    NO_REPLICATION = (
+        "Redlock node {node} refuses INFO replication to the lock user ({error}): a replica promoted behind "
+        "its address cannot be told from a restart, so every other server seen there sits out RESTART_WINDOW."
     )
 
 
@@ -98,6 +103,9 @@ class Hints:
     NOT_FSYNCING = (
         "Run the node with 'appendonly yes' and 'appendfsync always', or remove 'FSYNC_ALWAYS' from its entry "
         "in REDLOCK_NODES (it then sits out for RESTART_WINDOW after each restart)."
+    )
+    NO_REPLICATION = (
+        "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
     )
 
 
@@ -194,8 +202,9 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node.
 
     Reports nodes that do not answer, nodes that refuse INFO (they cannot
-    vote), replicas, one server listed under two addresses (same run id),
-    several nodes on one host, eviction policies that could drop lock keys, and
+    vote) or only INFO replication (failovers cannot be told from restarts),
+    replicas, one server listed under two addresses (same run id), several
+    nodes on one host, eviction policies that could drop lock keys, and
     nodes declared ``FSYNC_ALWAYS`` whose CONFIG says otherwise.
     """
     from django_redlock.core.nodes import Failure, fanout, parse_info
@@ -205,6 +214,7 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return []  # reported by check_settings
     errors: list[Any] = []
     infos = fanout(nodes, [("INFO", "server")] * len(nodes), timeout=1.0)
+    replication = fanout(nodes, [("INFO", "replication")] * len(nodes), timeout=1.0)
     roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
     policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
     aof = fanout(nodes, [("CONFIG", "GET", "appendonly")] * len(nodes), timeout=1.0)
@@ -216,7 +226,7 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         if node.fsync_always and None not in said and said != ["yes", "always"]:
             values = {"node": node.name, "appendonly": said[0], "appendfsync": said[1]}
             errors.append(Warning(Messages.NOT_FSYNCING.format(**values), hint=Hints.NOT_FSYNCING, id=Codes.NOT_FSYNCING))
-    for node, info, role, policy in zip(nodes, infos, roles, policies):
+    for node, info, role, policy, repl in zip(nodes, infos, roles, policies, replication):
         if isinstance(info, Failure) and info.answered:
             # INFO refused (ACL -info, renamed): the engine does not let such a node vote.
             if not node.fsync_always:
@@ -224,6 +234,10 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                     Error(Messages.INFO_DENIED.format(node=node.name, error=info), hint=Hints.INFO_DENIED, id=Codes.INFO_DENIED)
                 )
             info = None
+        elif isinstance(repl, Failure) and repl.answered:
+            # INFO server only (ACL -info +info|server): failovers are counted on every new run id.
+            values = {"node": node.name, "error": repl}
+            errors.append(Warning(Messages.NO_REPLICATION.format(**values), hint=Hints.NO_REPLICATION, id=Codes.NO_REPLICATION))
         elif isinstance(info, Failure):
             errors.append(
                 Warning(Messages.UNREACHABLE.format(node=node.name, error=info), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)

@@ -91,7 +91,7 @@ def test_status_counts_a_declared_node_as_voting(settings, servers, denied_url):
 
 def test_status_of_a_declared_node_reads_the_declaration(servers, denied_url):
     # The engine marks a node declared "FSYNC_ALWAYS": True with node.fsync_always.
-    manager = LockManager([*servers.urls[:2], denied_url], restart_window=60)
+    manager = LockManager([*servers.urls[:2], denied_url], restart_window=3600)  # the servers are younger
     try:
         manager.node_list[2].fsync_always = True
         manager.node_list[1].fsync_always = True

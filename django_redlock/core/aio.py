@@ -23,11 +23,11 @@ from typing import Any, cast
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from django_redlock.core import base, steps
+from django_redlock.core import base, ledger, steps
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.listing import Rows, read_listing, read_record
-from django_redlock.core.manager import ManagerBase, config_reads, status_of
+from django_redlock.core.manager import ManagerBase, status_of
 from django_redlock.core.nodes import Node, ReplyBuffer, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
@@ -743,10 +743,9 @@ class AsyncLockManager(ManagerBase):
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)
-        results = await self._fanout([("INFO",)] * len(self.node_list), timeout, timings=timings)
-        fsync = await self._fanout(config_reads(results), timeout)
-        window = self.config.restart_window
-        return [status_of(*row, window) for row in zip(self.node_list, results, fsync, timings)]
+        results = await self._fanout([ledger.PROBE] * len(self.node_list), timeout, timings=timings)
+        window, read = self.config.restart_window, time.monotonic()
+        return [status_of(*row, window, read) for row in zip(self.node_list, results, timings)]
 
     async def ping(self, timeout: float | None = None) -> dict[str, float | None]:
         timings: list[float | None] = [None] * len(self.node_list)

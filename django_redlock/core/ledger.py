@@ -24,6 +24,8 @@ with these classes, so the rules are written once:
 from __future__ import annotations
 
 import math
+import os
+import threading
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,9 +39,13 @@ __all__ = [
     "History",
     "Ledger",
     "Restart",
+    "config_value",
+    "denied",
+    "history_for",
     "learn",
     "moved",
     "parse_info",
+    "probe_info",
     "sure_uptime",
     "vote_refusal",
 ]
@@ -61,6 +67,7 @@ PROBE_REPLY = 3
 WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
 EXTEND = 5  # the extension script
 STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
+PART = 7  # a reply of several commands sent as one (see Round.write) before the last: kept for the round
 
 #: Kinds worth running after their round has ended: a late release or extension only acts while
 #: its value still holds the key (a late vote could leave a key nobody holds).
@@ -180,6 +187,9 @@ class Restart:
     replid: str = ""
     role: str = ""
     promoted: bool = False
+    #: Whether INFO replication was read (an ACL may allow ``INFO server`` only): without it a
+    #: promotion cannot be seen.
+    replication: bool = True
     #: What CONFIG says now (appendonly yes + appendfsync always), None when unreadable. It says
     #: nothing about what the node kept across its last restart: warnings only, never a vote.
     reports_fsync: bool | None = None
@@ -189,7 +199,7 @@ class Restart:
         return None if self.uptime is None else sure_uptime(self.uptime) + (now - self.seen)
 
 
-def _config_value(reply: Any) -> str:
+def config_value(reply: Any) -> str:
     # CONFIG may be renamed or denied: unknown counts as "not durable".
     if isinstance(reply, list) and len(reply) == 2:
         value = reply[1]
@@ -197,10 +207,19 @@ def _config_value(reply: Any) -> str:
     return ""
 
 
-def _denied(reply: Any) -> bool:
+def denied(reply: Any) -> bool:
     """INFO refused for good: no permission, or the command renamed away."""
     text = str(reply)
     return text.startswith(("NOPERM", "ERR unknown command", "unknown command"))
+
+
+def probe_info(replies: Sequence[Any]) -> dict[str, str]:
+    """INFO server and INFO replication of the probe's replies, in one mapping (a refused one adds nothing)."""
+    info: dict[str, str] = {}
+    for reply in replies[:2]:
+        if not isinstance(reply, Exception):
+            info.update(parse_info(reply))
+    return info
 
 
 def learn(replies: Sequence[Any], received: float) -> Restart | None:
@@ -210,14 +229,11 @@ def learn(replies: Sequence[Any], received: float) -> Restart | None:
     None when INFO failed for a passing reason (BUSY, LOADING...): the restart
     state stays unknown and the next vote probes again.
     """
-    info: dict[str, str] = {}
-    for reply in replies[:2]:  # INFO server, INFO replication
-        if isinstance(reply, Exception):
-            if not _denied(reply):
-                return None
-        else:
-            info.update(parse_info(reply))
-    config = (_config_value(replies[2]), _config_value(replies[3]))
+    if any(isinstance(reply, Exception) and not denied(reply) for reply in replies[:2]):
+        return None
+    info = probe_info(replies)
+    replication = "role" in info  # INFO replication always says the role
+    config = (config_value(replies[2]), config_value(replies[3]))
     try:
         uptime: float | None = float(info["uptime_in_seconds"])
     except (KeyError, ValueError):
@@ -229,50 +245,98 @@ def learn(replies: Sequence[Any], received: float) -> Restart | None:
         replid=info.get("master_replid", ""),
         role=info.get("role", ""),
         promoted=bool(info.get("master_replid2", "").strip("0")),
+        replication=replication,
         reports_fsync=None if "" in config else config == ("yes", "always"),
     )
 
 
-def moved(before: Restart | None, now: Restart) -> bool:
+def moved(before: Restart | None, now: Restart, heard: float | None = None) -> bool:
     """True when the data set at a node's address may have been replaced between two probes: a
     failover put another server there (a promoted replica may lack the last locks written).
 
     Another run id alone is a restart, which :func:`vote_refusal` judges by uptime. It is a
     failover when the server now there was promoted from a replica since it started, changed
-    role, or was already up when the one before last answered. The same server with another
-    replication id and promoted was a replica in between (its data set replaced by a full sync);
-    a master that only dropped its backlog (no replica for an hour) gets a new id, but none second.
+    role, or may have been up already when the one before last answered (``heard``: when this
+    process last read a reply from it, else its probe's reading). Without INFO replication on
+    either side a promotion cannot be seen: another run id then counts as a failover (fail closed).
+    The same server with another replication id and promoted was a replica in between (its data
+    set replaced by a full sync); a master that only dropped its backlog (no replica for an hour)
+    gets a new id, but none second.
     """
     if before is None or not before.run_id or not now.run_id:
         return False
     if now.run_id == before.run_id:
         return now.role != before.role or (now.replid != before.replid and now.promoted)
-    up_since = now.seen - sure_uptime(now.uptime) if now.uptime is not None else now.seen
-    return now.promoted or now.role != before.role or up_since < before.seen
+    if not (now.replication and before.replication):
+        return True
+    last_answer = before.seen if heard is None else max(before.seen, heard)
+    # The earliest it may have started: INFO's whole seconds may run up to one behind.
+    up_since = now.seen - (now.uptime + UPTIME_STEP) if now.uptime is not None else -math.inf
+    return now.promoted or now.role != before.role or up_since < last_answer
 
 
 class History:
-    """What this process learned of the server at one node's address, over all its connections
-    (and event loops): the last probe, and when a failover was last noticed."""
+    """What this process learned of the server at one address, over all its connections, event
+    loops and managers (see :func:`history_for`): the last probe, when that server last answered,
+    and when a failover was last noticed."""
 
-    __slots__ = ("last", "moved_at")
+    __slots__ = ("last", "heard", "moved_at", "_mutex")
 
     def __init__(self) -> None:
         self.last: Restart | None = None
+        #: Monotonic time a reply was last read on a connection probed to ``last``'s server (the
+        #: books set it: see ``NodeBooks.read``), None: only its probe.
+        self.heard: float | None = None
         #: Monotonic time the last failover was noticed (it happened before), None: never.
         self.moved_at: float | None = None
+        self._mutex = threading.Lock()  # nodes of several managers (sync, asyncio) share it
 
     def learned(self, restart: Restart) -> bool:
         """Note one connection's probe; True when it shows a failover (see :func:`moved`)."""
-        failover = moved(self.last, restart)
-        if failover:
-            self.moved_at = restart.seen
-        if restart.run_id:
-            self.last = restart
-        return failover
+        with self._mutex:
+            failover = moved(self.last, restart, self.heard)
+            if failover:
+                self.moved_at = max(self.moved_at or restart.seen, restart.seen)
+            if restart.run_id:
+                self.last = restart
+            return failover
+
+
+_histories: dict[str, History] = {}
+_histories_mutex = threading.Lock()
+
+
+def history_for(address: str) -> History:
+    """The one :class:`History` of this process for the server at ``address`` (host:port or a
+    socket path): every manager, sync or asyncio, compares with what any of them learned.
+
+    A forked child keeps its parent's: what the parent read of a server is still true of it.
+    """
+    with _histories_mutex:
+        history = _histories.get(address)
+        if history is None:
+            history = _histories[address] = History()
+        return history
+
+
+def _after_fork() -> None:
+    # A lock held by another thread at the fork would stay held in the child for good.
+    global _histories_mutex
+    _histories_mutex = threading.Lock()
+    for history in _histories.values():
+        history._mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 UNKNOWN = "restart state unknown: its uptime has not been read yet on this connection, so it does not vote"
+NO_REPLICATION = (
+    "INFO replication is denied to the lock user, so a replica promoted behind its address cannot be "
+    "told from a restart: every other server seen there counts as a failover and sits out "
+    "(grant +info, or at least +info|server +info|replication)"
+)
 DENIED = (
     "restart state unknown: INFO is denied to the lock user, so it does not vote "
     "(grant +info and +config|get, or declare the node FSYNC_ALWAYS if it fsyncs every write)"

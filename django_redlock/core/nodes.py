@@ -201,8 +201,8 @@ class Node:
         self.node_timeout = node_timeout
         self._fsync_always = bool(fsync_always)
         #: What this process learned of the server at this address, kept across forks and shared
-        #: with the asyncio books (a failover is noticed whoever probes first).
-        self.history = ledger.History()
+        #: by every manager and the asyncio books (a failover is noticed whoever probes first).
+        self.history = ledger.history_for(self.path or (f"{self.host}:{self.port}" if self.host else self.name))
         self._secrets = [s for s in secrets if s]
         self._mutex = threading.Lock()
         self._reset()

@@ -331,3 +331,5 @@ class NodeStatus:
     not_voting_reason: str | None = None
     #: Declared ``"FSYNC_ALWAYS": True`` in its settings: it votes right after a restart.
     fsync_declared: bool = False
+    #: What weakens the rule at this node although it votes (INFO replication refused), None: nothing.
+    warning: str | None = None

@@ -121,7 +121,7 @@ def ms_text(seconds: float) -> str:
 class ConnState:
     """What the books keep per connection: replies still due, and what its probe learned."""
 
-    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts", "stamps", "waited")
+    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts", "stamps", "waited", "parts")
 
     def __init__(self) -> None:
         #: Commands written whose replies have not been read, oldest first.
@@ -137,6 +137,8 @@ class ConnState:
         #: TIME replies read since the last vote's reply, and how long that vote waited by them.
         self.stamps: list[Any] = []
         self.waited = 0.0
+        #: Replies read of several commands sent as one, before the last (see :meth:`Round.write`).
+        self.parts: list[Any] = []
 
 
 def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
@@ -172,6 +174,7 @@ class NodeBooks:
         self.down_reason = ""
         self.announced = ""  # run id (and replication id) of the restart or failover last logged
         self.denied_warned = False
+        self.replication_warned = False
         self.fsync_warned = False
 
     # -- choosing a connection ----------------------------------------------------
@@ -304,6 +307,9 @@ class NodeBooks:
             raise ValueError("a reply nobody asked for")
         entry: Entry = conn.expect.popleft()
         kind = entry.kind
+        restart, last = conn.restart, self.history.last
+        if restart is not None and last is not None and restart.run_id == last.run_id:
+            self.history.heard = now  # that server still answers (see ledger.moved)
         if kind == ledger.RELEASE:
             self.ledger.settle(entry, reply, now)
         elif kind == ledger.SET:
@@ -315,6 +321,8 @@ class NodeBooks:
             conn.stamps.append(reply)
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
+        elif kind == ledger.PART:
+            conn.parts.append(reply)
         elif kind == ledger.WAKE:
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
@@ -343,6 +351,9 @@ class NodeBooks:
         if restart.uptime is None and not self.fsync_always and not self.denied_warned:
             self.denied_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.DENIED)
+        if not restart.replication and restart.run_id and not self.replication_warned:
+            self.replication_warned = True
+            logger.warning("Node %s: %s.", self.name, ledger.NO_REPLICATION)
         if self.fsync_always and restart.reports_fsync is False and not self.fsync_warned:
             self.fsync_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NOT_FSYNCING)
@@ -454,6 +465,8 @@ class Round:
         """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
         command = self.commands[i]
         assert command is not None
+        if isinstance(command[0], tuple):
+            return self._write_several(i, conn, command, now)
         script = self.script
         retry = None
         if script is not None and command[0] == "EVALSHA":
@@ -474,6 +487,17 @@ class Round:
             extra.append(command)
             return extra
         return [command]
+
+    def _write_several(self, i: int, conn: Any, commands: Command, now: float) -> list[Command]:
+        """Several commands (e.g. ``ledger.PROBE``) for node ``i`` in one write: its result is the list
+        of their replies, error replies included."""
+        extra = self.books[i].prepare(conn, Entry(ledger.PART), self.window, now, self.block)
+        conn.expect.extend(Entry(ledger.PART) for _ in commands[2:])
+        mine = Entry(ledger.OTHER, waiter=self)
+        conn.expect.append(mine)
+        self.waiting[mine] = (i, conn)
+        self._mine[i] = mine
+        return [*extra, *commands]
 
     def written(self, i: int, conn: Any, parked_since: float | None, now: float, error: str | None = None) -> bool:
         """After the write; returns True when the driver should wait for this node's reply.
@@ -523,15 +547,19 @@ class Round:
             return None
         i, conn = where
         book = self.books[i]
+        command = self.commands[i]
+        several = len(command) - 1 if command and isinstance(command[0], tuple) else 0  # see _write_several
         if isinstance(reply, Failure):
             self.results[i] = reply
-        elif isinstance(reply, Exception):
+        elif isinstance(reply, Exception) and not several:
             self.results[i] = Failure(describe_error(reply), answered=True)
         else:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at
             if self.block is not None and reply == b"OK" and conn.waited > 0:
                 reply = Granted(reply, conn.waited)
+            if several:  # the earlier replies came first (a round that ended early may have left some)
+                reply, conn.parts = [*conn.parts[-several:], reply], []
             self.results[i] = (self.window > 0 and book.vote(conn, self.window, now)) or reply
         self.changed = True
         if self.on_reply is not None:

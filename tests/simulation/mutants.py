@@ -78,7 +78,7 @@ def durability_from_config() -> Any:
 
 def failover_unnoticed() -> Any:
     """Another server behind a node's address (a promoted replica) is not noticed: only its uptime counts."""
-    return _patch(ledger, "moved", lambda before, now: False)
+    return _patch(ledger, "moved", lambda before, now, heard=None: False)
 
 
 @contextmanager

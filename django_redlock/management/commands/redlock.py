@@ -117,6 +117,8 @@ class Command(BaseCommand):
         else:
             for s in statuses:
                 self.stdout.write(self.status_line(s))
+                if s.warning:
+                    self.stdout.write(self.style.WARNING(f"{'':<28} {s.warning}"))
             summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
             self.stdout.write(self.style.SUCCESS(summary) if len(voting) >= quorum else self.style.ERROR(summary))
         if len(voting) < quorum:
@@ -220,5 +222,6 @@ def status_json(status: Any) -> dict[str, Any]:
         "votes": status.votes,
         "not_voting_reason": status.not_voting_reason,
         "fsync_declared": status.fsync_declared,
+        "warning": status.warning,
         "error": status.error,
     }
