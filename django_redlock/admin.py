@@ -116,7 +116,13 @@ class LockAdmin(_ModelAdmin):
             records = list(listing.records)
             for status in statuses:
                 up = status.reachable and status.name not in listing.down
-                nodes.append({"name": status.name, "up": up, "sits_out": status.sits_out_for if up else 0})
+                nodes.append({
+                    "name": status.name,
+                    "up": up,
+                    "sits_out": status.sits_out_for if up else 0,
+                    "why": status.not_voting_reason or "",
+                    "warning": status.warning or "",
+                })
         except ImproperlyConfigured as exc:
             error = str(exc)
         rows = [_row(r) for r in records]
