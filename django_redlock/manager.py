@@ -9,20 +9,20 @@ settings. Their events become Django signals and log lines.
 from __future__ import annotations
 
 import logging
-import threading
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf, signals
-from django_redlock.core import AsyncLockManager, Hooks, LockManager
+from django_redlock.core import AsyncLockManager, Hooks, LockManager, forks
 
 __all__ = ["async_lock_manager", "get_async_lock_manager", "get_lock_manager", "lock_manager", "reset"]
 
 logger = logging.getLogger("django_redlock")
 
-_lock = threading.Lock()
+_lock = forks.mutex(sys.modules[__name__], "_lock")
 _managers: dict[str, Any] = {}
 _M = TypeVar("_M", LockManager, AsyncLockManager)
 

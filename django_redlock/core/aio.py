@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
@@ -23,7 +22,7 @@ from typing import Any, cast
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from django_redlock.core import base, ledger, steps
+from django_redlock.core import base, forks, ledger, steps
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.listing import Rows, read_listing, read_record
@@ -123,7 +122,7 @@ class AsyncNode:
         self.name = node.name
         self.node_timeout = node.node_timeout
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks] = weakref.WeakKeyDictionary()
-        self._pools_lock = threading.Lock()  # several threads may each run their own loop
+        self._pools_lock = forks.mutex(self, "_pools_lock")  # several threads may each run their own loop
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks, asyncio.Future[None]] = {}
         self._pid = os.getpid()

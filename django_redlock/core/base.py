@@ -7,7 +7,6 @@ same replies with these functions, so they cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 import random
@@ -16,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from django_redlock.core import ledger
+from django_redlock.core import forks, ledger
 from django_redlock.core.rounds import Failure, Granted
 from django_redlock.core.records import ForcedRelease, Holder
 from django_redlock.core.scripts import (
@@ -698,12 +697,12 @@ class Attempts:
         self.results: Sequence[Any] = ()
         self.validity = 0.0
 
-    @functools.cached_property
+    @forks.cached
     def line(self) -> list[str]:
         """ACQUIRE's KEYS: the line keys of each resource (only calls that run the script need them)."""
         return self.config.script_keys(self.resources)
 
-    @functools.cached_property
+    @forks.cached
     def wake(self) -> tuple[str, ...]:
         """The wake list of this call's place in each resource's line."""
         return tuple(self.config.wake_prefix(r) + self.place for r in self.resources)
