@@ -757,16 +757,18 @@ class Attempts:
         ``started`` is read before the first command was written, ``now`` after
         the last reply: the validity is what is left of the ttl in between. A
         vote that waited in line first ran later: each node measured on its
-        own clock how long it waited at least (:class:`~.rounds.Granted`), and
-        the ttl counts from ``started`` plus what a quorum of the granting nodes
-        waited, less the drift on it (see docs/safety.rst, "Validity after
-        waiting in line").
+        own clock how long it waited at least (:class:`~.rounds.Granted`, never
+        more than we saw pass), and the ttl counts from ``started`` plus what a
+        quorum of the granting nodes waited, less the drift on it, and never
+        from later than ``now`` (see docs/safety.rst, "Validity after waiting
+        in line").
         """
         self.attempts += 1
         self.results = results
         waits = sorted((r.waited for r in results if isinstance(r, Granted)), reverse=True)
         if len(waits) >= quorum:
             started += max(0.0, waits[quorum - 1] - EXPIRY_STEP) * (1 - self.config.clock_drift_factor)
+            started = min(started, now)  # never more than a fresh acquire's validity
         #: When the winning attempt's ttl counts from: the lock's validity counts from here.
         self.started = started
         self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)

@@ -95,7 +95,8 @@ class Granted(bytes):
 
     def __new__(cls, reply: bytes, waited: float) -> Granted:
         granted = super().__new__(cls, reply)
-        #: Seconds between the node's TIME before the ``BLPOP`` and its TIME after it.
+        #: Seconds between the node's TIME before the ``BLPOP`` and its TIME after it, at most
+        #: the time between the write and the reply on our clock (see :meth:`Round.take`).
         granted.waited = waited
         return granted
 
@@ -557,7 +558,9 @@ class Round:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at
             if self.block is not None and reply == b"OK" and conn.waited > 0:
-                reply = Granted(reply, conn.waited)
+                # A node cannot have waited longer than we saw pass since the write: a step of its
+                # clock during the wait (NTP, a resumed VM) is not counted as waiting.
+                reply = Granted(reply, min(conn.waited, now - self.sent_at))
             if several:  # the earlier replies came first (a round that ended early may have left some)
                 reply, conn.parts = [*conn.parts[-several:], reply], []
             self.results[i] = (self.window > 0 and book.vote(conn, self.window, now)) or reply
