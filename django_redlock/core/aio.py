@@ -22,7 +22,7 @@ from typing import Any, cast
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from django_redlock.core import base, forks, ledger, steps
+from django_redlock.core import base, clock, forks, ledger, steps
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.listing import Rows, read_listing, read_record
@@ -79,7 +79,7 @@ class AConn(ConnState, asyncio.Protocol):
 
     def _book(self, reply: Any) -> None:
         books = self.books
-        now = time.monotonic()
+        now = clock.now()
         entry, resend = books.read(self, reply, now)
         if resend is not None:
             self.transport.write(pack(resend))
@@ -160,7 +160,7 @@ class AsyncNode:
         would keep such a loop (and its sockets) alive for good. Hold :attr:`_pools_lock`."""
         for loop in [loop for loop in self._pools if loop.is_closed()]:
             books = self._pools.pop(loop)
-            now = time.monotonic()
+            now = clock.now()
             for aconn in [conn for conn, _ in books.idle] + list(books.parked):
                 books.drop(aconn, now)
                 aconn.close_abandoned()
@@ -198,7 +198,7 @@ class AsyncNode:
 
     def drop(self, aconn: AConn, reason: str) -> None:
         """The connection broke (or is given up): tell the rounds waiting on it, let the books drop it, close it."""
-        now = time.monotonic()
+        now = clock.now()
         for entry in list(aconn.expect):
             if entry.waiter is not None:
                 entry.waiter.take(entry, Failure(reason), now)
@@ -216,7 +216,7 @@ class AsyncNode:
         books = self.books
         loop = asyncio.get_running_loop()
         while any(aconn.expect for aconn in books.parked):
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             if left <= 0:
                 return
             waiter = self._settling[books] = loop.create_future()
@@ -229,7 +229,7 @@ class AsyncNode:
 
     async def close(self) -> None:
         books = self.books
-        now = time.monotonic()
+        now = clock.now()
         for aconn in self._conns():
             books.drop(aconn, now)
             aconn.close()
@@ -239,7 +239,7 @@ class AsyncNode:
 async def _settle_and_close(anodes: Sequence[AsyncNode]) -> None:
     """Close the nodes' connections on the running loop once the replies still due were read
     (at most one node timeout in all)."""
-    deadline = time.monotonic() + max((anode.node_timeout for anode in anodes), default=0.0)
+    deadline = clock.now() + max((anode.node_timeout for anode in anodes), default=0.0)
     for anode in anodes:
         await anode.settle(deadline)
         await anode.close()
@@ -326,7 +326,7 @@ def _keep_when_connected(books: NodeBooks, task: asyncio.Task[Any]) -> None:
 
     def after(done: asyncio.Task[Any]) -> None:
         if not done.cancelled() and done.exception() is None:
-            books.checkin(done.result(), 0.0, time.monotonic())
+            books.checkin(done.result(), 0.0, clock.now())
 
     task.add_done_callback(after)
 
@@ -358,7 +358,7 @@ async def afanout(
     block: tuple[tuple[str, ...], float] | None = None,
 ) -> list[Any]:
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
-    now = time.monotonic()
+    now = clock.now()
     loop = asyncio.get_running_loop()
     pid = os.getpid()
     books = [anode.books_for(loop, pid) for anode in anodes]  # looked up once per fan-out
@@ -367,7 +367,7 @@ async def afanout(
             # Replies overdue by the clock may be here, unread while the loop did not run (a blocking
             # call, a long garbage collection): the loop reads them before any node is judged silent.
             await _look(loop)
-            now = time.monotonic()
+            now = clock.now()
             break
     rnd = Round(
         books,
@@ -421,7 +421,7 @@ async def afanout(
                 break
         if connecting:
             await asyncio.wait(connecting.values())
-            now = time.monotonic()
+            now = clock.now()
             for i, task in connecting.items():
                 exc = task.exception()
                 if exc is not None:
@@ -429,9 +429,9 @@ async def afanout(
                 else:
                     write(i, task.result(), None)
             connecting = {}
-        rnd.start(time.monotonic())
+        rnd.start(clock.now())
         while True:
-            wait = rnd.wait_time(time.monotonic())
+            wait = rnd.wait_time(clock.now())
             if wait is None:
                 break
             if wake[0].done():
@@ -448,11 +448,11 @@ async def afanout(
                 timer.cancel()
     except BaseException:
         # Cancelled: replies are still read and booked as they come; connects finish into the pool.
-        rnd.finish(time.monotonic())
+        rnd.finish(clock.now())
         for i, task in connecting.items():
             _keep_when_connected(books[i], task)
         raise
-    rnd.finish(time.monotonic())
+    rnd.finish(clock.now())
     return rnd.results
 
 
@@ -561,7 +561,7 @@ def _keep_alive(
     """
     from django_redlock.core.extender import Watch
 
-    stop_at = time.monotonic() + max_hold if max_hold is not None else None
+    stop_at = clock.now() + max_hold if max_hold is not None else None
     watch = Watch(lock.manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
     if on_lost is not None:
         loop = asyncio.get_running_loop()
@@ -591,7 +591,7 @@ async def _keep_alive_loop(watch: Any) -> None:
             lock._judge_owned(await lock._read_values())
         if action == "stop" or lock.lost or lock.released:
             return
-        now = time.monotonic()
+        now = clock.now()
         delay = next_due(watch, lock, now) - now
         del lock  # hold it weakly while asleep: a dropped lock stops here and expires
         await asyncio.sleep(max(0.0, delay))
@@ -743,7 +743,7 @@ class AsyncLockManager(ManagerBase):
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         timings: list[float | None] = [None] * len(self.node_list)
         results = await self._fanout([ledger.PROBE] * len(self.node_list), timeout, timings=timings)
-        window, read = self.config.restart_window, time.monotonic()
+        window, read = self.config.restart_window, clock.now()
         return [status_of(*row, window, read) for row in zip(self.node_list, results, timings)]
 
     async def ping(self, timeout: float | None = None) -> dict[str, float | None]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from django_redlock.core import forks, ledger
+from django_redlock.core import clock, forks, ledger
 from django_redlock.core.rounds import Failure, Granted
 from django_redlock.core.records import ForcedRelease, Holder
 from django_redlock.core.scripts import (
@@ -238,8 +238,8 @@ class ManagerConfig:
             )
         #: How long a node restarted without fsync-always persistence sits out (0: rule off).
         self.restart_window = window
-        #: The monotonic clock validity is measured on (the simulator gives each client its own).
-        self.clock: Callable[[], float] = time.monotonic
+        #: The clock validity is measured on (:mod:`.clock`; the simulator gives each client its own).
+        self.clock: Callable[[], float] = clock.now
         #: Makes the holder of each attempt (the simulator makes them from its seed).
         self.make_holder: Callable[[str | None], Holder] = new_holder
         timeout = check_seconds(node_timeout, "node_timeout")

@@ -21,13 +21,13 @@ import itertools
 import logging
 import os
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django_redlock.core import clock
 from django_redlock.exceptions import LockError, LockLost
 
 logger = logging.getLogger("django_redlock")
@@ -146,7 +146,7 @@ class Extender:
         self._thread: threading.Thread | None = None
 
     def add(self, manager: Any, lock: Any, max_hold: float | None, on_lost: Callable[[Any], Any] | None) -> None:
-        stop_at = time.monotonic() + max_hold if max_hold is not None else None
+        stop_at = clock.now() + max_hold if max_hold is not None else None
         watch = Watch(manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
 
         def listener(lost: Any) -> None:
@@ -163,7 +163,7 @@ class Extender:
                 previous.active = previous.listening = False
             self._watches[lock] = watch
             lock._lost_listener = listener
-            self._push(watch, next_due(watch, lock, time.monotonic()))
+            self._push(watch, next_due(watch, lock, clock.now()))
 
     def remove(self, lock: Any) -> None:
         with self._cond:
@@ -203,7 +203,7 @@ class Extender:
                     if not self._heap:
                         self._cond.wait(timeout=30.0)
                         continue
-                    wait = self._heap[0][0] - time.monotonic()
+                    wait = self._heap[0][0] - clock.now()
                     if wait <= 0:
                         _, _, watch = heapq.heappop(self._heap)
                         break
@@ -232,7 +232,7 @@ class Extender:
             return
         with self._cond:
             if watch.active:
-                self._push(watch, next_due(watch, lock, time.monotonic()))
+                self._push(watch, next_due(watch, lock, clock.now()))
 
     def _drop(self, watch: Watch, lock: Any) -> None:
         with self._cond:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from django_redlock.core import base, ledger, steps
+from django_redlock.core import base, clock, ledger, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
@@ -404,7 +404,7 @@ class LockManager(ManagerBase):
         nodes = self.node_list
         timings: list[float | None] = [None] * len(nodes)
         results = fanout(nodes, [ledger.PROBE] * len(nodes), timeout=timeout, timings=timings)
-        window, read = self.config.restart_window, time.monotonic()
+        window, read = self.config.restart_window, clock.now()
         return [status_of(*row, window, read) for row in zip(nodes, results, timings)]
 
     def ping(self, timeout: float | None = None) -> dict[str, float | None]:
@@ -481,7 +481,7 @@ def status_of(node: Node, replies: Any, latency: float | None, window: float, re
     age = ledger.sure_uptime(uptime) if uptime is not None else None
     sits_out = max(0.0, window - age) if age is not None and not declared and window > 0 else 0.0
     moved_at = node.history.moved_at  # a failover this process noticed (ledger.History)
-    since = time.monotonic() - moved_at if moved_at is not None else math.inf
+    since = clock.now() - moved_at if moved_at is not None else math.inf
     refused = describe_error(server) if isinstance(server, Exception) else None
     passing = next((r for r in (server, replication) if isinstance(r, Exception) and not ledger.denied(r)), None)
     role = info.get("role")  # None when INFO replication is refused

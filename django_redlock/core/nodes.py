@@ -23,7 +23,6 @@ import os
 import select
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -45,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core import ledger
+from django_redlock.core import clock, ledger
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.rounds import (
     IDLE_CHECK,
@@ -296,7 +295,7 @@ class Node:
             if conn is not None:
                 _disconnect(conn)
             with self._mutex:
-                rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), time.monotonic())
+                rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), clock.now())
             return None
         with self._mutex:
             return wire, None, rnd.write(i, wire, now)
@@ -305,11 +304,11 @@ class Node:
         if (os.getpid() if pid is None else pid) != self._pid:
             return
         with self._mutex:
-            self.books.checkin(conn, since, time.monotonic())
+            self.books.checkin(conn, since, clock.now())
 
     def drop(self, conn: Any) -> None:
         with self._mutex:
-            self.books.drop(conn, time.monotonic())
+            self.books.drop(conn, clock.now())
         _disconnect(conn)
 
     def settle(self, deadline: float) -> None:
@@ -328,15 +327,15 @@ class Node:
                 del self.books.parked[conn]  # taken out: no other thread reads them now
         for conn in parked:
             try:
-                while conn.expect and conn.can_read(max(0.0, deadline - time.monotonic())):
+                while conn.expect and conn.can_read(max(0.0, deadline - clock.now())):
                     read_booked(self.books, conn, self._mutex)
             except (RedisError, OSError, ValueError):
                 pass
             self.drop(conn)
 
     def close(self) -> None:
-        self.settle(time.monotonic() + self.node_timeout)
-        now = time.monotonic()
+        self.settle(clock.now() + self.node_timeout)
+        now = clock.now()
         with self._mutex:
             conns = [conn for conn, _ in self.books.idle] + list(self.books.parked)
             for conn in conns:
@@ -364,7 +363,7 @@ if hasattr(os, "register_at_fork"):
 def _settle_at_exit() -> None:
     """At interpreter exit, read the replies still due (at most one node timeout in all)."""
     nodes = list(_NODES)
-    deadline = time.monotonic() + max((node.node_timeout for node in nodes), default=0.0)
+    deadline = clock.now() + max((node.node_timeout for node in nodes), default=0.0)
     for node in nodes:
         try:
             node.settle(deadline)
@@ -607,9 +606,9 @@ class Wire(ConnState):
 
     def _send_rest(self, data: memoryview) -> None:
         """The send buffer is full: wait for room, at most the node timeout in all."""
-        deadline = time.monotonic() + self._timeout
+        deadline = clock.now() + self._timeout
         while data:
-            if not _ready(self.fd, select.POLLOUT, deadline - time.monotonic()):
+            if not _ready(self.fd, select.POLLOUT, deadline - clock.now()):
                 raise socket.timeout
             try:
                 data = data[self._sock.send(data) :]
@@ -678,7 +677,7 @@ class Wire(ConnState):
                     data: bytes = self._sock.recv(262144)
                     break
                 except BlockingIOError:  # nothing yet: wait for it, at most the node timeout
-                    now = time.monotonic()
+                    now = clock.now()
                     deadline = deadline or now + self._timeout
                     if not _ready(self.fd, select.POLLIN, deadline - now):
                         raise socket.timeout from None
@@ -787,7 +786,7 @@ def read_booked(books: NodeBooks, conn: Any, mutex: Any = None, rnd: Round | Non
         reply = conn.read_response()
     except ResponseError as exc:
         reply = exc
-    now = time.monotonic()
+    now = clock.now()
     if mutex is None:
         taken, resend = _book(books, conn, reply, now, rnd)
     else:
@@ -831,7 +830,7 @@ def fanout(
     replies not read by the end stay booked on their connection and are read
     the next time the node is used.
     """
-    now = time.monotonic()
+    now = clock.now()
     pid = os.getpid()  # once per fan-out: a syscall, and a fork cannot happen in the middle of one
     books = [node.books for node in nodes]
     if owe is not None:
@@ -878,7 +877,7 @@ def fanout(
                 watched[conn.fd] = (i, conn)
         if watched:
             # Each node gets the full timeout after its command went out (connects can take time).
-            rnd.start(time.monotonic())
+            rnd.start(clock.now())
             _collect(nodes, rnd, watched)
     except BaseException:
         # Interrupted (a signal, KeyboardInterrupt): keep the books straight.
@@ -891,7 +890,7 @@ def fanout(
 
 
 def _finish(nodes: Sequence[Node], rnd: Round, pid: int) -> None:
-    now = time.monotonic()
+    now = clock.now()
     for i, conn in rnd.finish(now):
         nodes[i].checkin(conn, rnd.sent_at, pid)
 
@@ -918,7 +917,7 @@ def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, An
         poller.register(fd, _POLL_READ)
     tls = [fd for fd, (_, conn) in watched.items() if conn.tls]
     while watched:
-        wait = rnd.wait_time(time.monotonic())
+        wait = rnd.wait_time(clock.now())
         if wait is None:
             break
         buffered = [fd for fd in tls if fd in watched and _has_buffered(watched[fd][1])] if tls else []
@@ -936,7 +935,7 @@ def _collect(nodes: Sequence[Node], rnd: Round, watched: dict[int, tuple[int, An
                 taken = _read_ours(node, rnd, conn)
             except (RedisError, OSError, ValueError) as exc:
                 with node._mutex:
-                    rnd.broken(i, conn, node.redact(describe(exc, node.node_timeout)), time.monotonic())
+                    rnd.broken(i, conn, node.redact(describe(exc, node.node_timeout)), clock.now())
                 _disconnect(conn)
                 taken = True
             if taken:
