@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.exceptions import LockNotAcquired
@@ -95,6 +95,19 @@ async def test_two_tasks_whose_executor_jobs_share_a_thread_never_share_a_lock(m
     assert m.acquire("pooled", blocking=False).release()
 
 
+def test_two_tasks_whose_sync_to_async_calls_run_on_the_outer_sync_thread_never_share_a_lock(m):
+    """Under async_to_sync (a WSGI server's async middleware), thread-sensitive calls run back on the
+    sync thread that waits for the async code, through asgiref's own executor."""
+
+    async def main():
+        return await two_tasks_on_one_thread(via_sync_to_async, m, "outer-thread")
+
+    seen = async_to_sync(main)()
+    assert seen["a"] == seen["b"] == threading.get_ident()
+    assert seen["b_got"] == "refused"
+    assert m.acquire("outer-thread", blocking=False).release()
+
+
 async def test_a_blocking_call_from_another_task_on_the_same_thread_waits_for_the_holder(m):
     """A blocking call in another task's job on the holder's thread waits in line and gives up after its
     timeout: it never enters."""
@@ -137,8 +150,6 @@ def test_a_thread_keeps_its_reentrancy(m):
 async def test_async_locks_belong_to_the_task_even_through_async_to_sync_on_a_pooled_thread(servers):
     """The async manager's owner is the task: two sync_to_async calls that each run async_to_sync
     code get two tasks, never one owner."""
-    from asgiref.sync import async_to_sync
-
     am = AsyncLockManager(servers.urls, ttl=10.0, node_timeout=0.2, restart_window=0)
 
     async def take_async():
