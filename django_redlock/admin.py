@@ -115,7 +115,8 @@ class LockAdmin(_ModelAdmin):
             listing, paginator, page = _read(manager, query or None, order, request.GET.get("p"))
             records = list(listing.records)
             for status in statuses:
-                up = status.reachable and status.name not in listing.down
+                # A node that sits out is in the listing's down (its keys are not trusted), yet up.
+                up = status.reachable and (status.name not in listing.down or not status.votes)
                 nodes.append({
                     "name": status.name,
                     "up": up,

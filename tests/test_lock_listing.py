@@ -11,10 +11,12 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from django_redlock import get_lock_manager
-from django_redlock.core import LockManager, steps
+from django_redlock.core import AsyncLockManager, LockManager, steps
 from django_redlock.core.listing import NODE_WAIT, ORDERS, read_listing
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import LIST
+from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
+from tests.conftest import eventually
 
 LOCKS = 2_345  # more than two SCAN pages of 1,000 on every node
 
@@ -378,6 +380,63 @@ def test_silent_nodes_cost_the_walk_one_round_within_the_node_timeout(servers):
         servers[1].resume()
         servers[2].resume()
         manager.close()
+
+
+#: How long a node restarted empty sits out (a window >= max_ttl, as the engine requires).
+WINDOW = 4.0
+
+
+def watching(servers, cls=LockManager):
+    """An operator's manager: nodes restarted empty sit out for :data:`WINDOW`."""
+    return cls(servers.urls, ttl=WINDOW, max_ttl=WINDOW, retry_count=0, node_timeout=0.05, restart_window=WINDOW)
+
+
+def restart_three(manager, servers):
+    """A lock held on 5 of 5 nodes, then 3 of them restarted empty: 2 still hold it, 3 sit out."""
+    watcher = watching(servers)
+    try:  # the nodes that keep running must be past the window themselves (the suite may have just started them)
+        eventually(lambda: all(s.votes for s in watcher.node_status()[:2]), seconds=WINDOW + 5)
+    finally:
+        watcher.close()
+    lock = manager.acquire("held-everywhere", ttl=WINDOW)
+    assert manager.lock_record("held-everywhere").nodes_holding == 5
+    for server in servers[2:]:
+        server.restart()
+    return lock
+
+
+def test_nodes_sitting_out_after_a_restart_cannot_tell_a_held_lock_from_a_left_over(manager, servers):
+    """The nodes sitting out may have forgotten the lock (they did): with the 2 holders they could be a
+    quorum, so the lock's state is unknown, not a minority left-over, and is_locked() cannot say "free"."""
+    lock = restart_three(manager, servers)
+    watcher = watching(servers)
+    try:
+        listing = watcher.lock_listing()
+        assert [(r.resource, r.nodes_holding, r.state) for r in listing.records] == [("held-everywhere", 2, "unknown")]
+        assert not listing.trustworthy and all("sits out" in why for why in listing.down.values())
+        assert sorted(listing.down) == sorted(watcher.nodes[2:])
+        assert watcher.lock_record("held-everywhere").state == "unknown"
+        assert watcher.lock_listing(rows=slice(0, 10), order="state").records[0].state == "unknown"
+        with pytest.raises(QuorumUnavailable, match="sits out"):
+            watcher.is_locked("held-everywhere")
+        with pytest.raises(LockNotAcquired):
+            watcher.acquire("held-everywhere", blocking=False)
+        assert lock.validity > 0  # all of it while the lock was held
+    finally:
+        watcher.close()
+
+
+async def test_async_nodes_sitting_out_after_a_restart_cannot_tell_a_held_lock_from_a_left_over(manager, servers):
+    lock = restart_three(manager, servers)
+    watcher = watching(servers, AsyncLockManager)
+    try:
+        listing = await watcher.lock_listing()
+        assert [(r.nodes_holding, r.state) for r in listing.records] == [(2, "unknown")]
+        with pytest.raises(QuorumUnavailable, match="sits out"):
+            await watcher.is_locked("held-everywhere")
+        assert lock.validity > 0
+    finally:
+        await watcher.aclose()
 
 
 @pytest.mark.usefixtures("redlock_settings")

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from django_redlock.core import base, clock, forks, ledger, steps
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
-from django_redlock.core.listing import Rows, read_listing, read_record
+from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.manager import ManagerBase, status_of
 from django_redlock.core.nodes import Node, ReplyBuffer, describe, pack
 from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
@@ -708,9 +708,8 @@ class AsyncLockManager(ManagerBase):
 
     async def is_locked(self, resource: str) -> bool:
         """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""
-        key = self.key(resource)
-        results = await self._fanout([("PTTL", key)] * len(self.node_list))
-        return base.locked_of(resource, self.node_list, results, self.quorum)
+        step = read_locked(self.config, self.node_list, self.quorum, resource)
+        return cast(bool, await self._run(step))
 
     async def force_release(self, resource: str) -> int:
         return (await self.force_release_detail(resource)).deleted

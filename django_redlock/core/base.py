@@ -459,7 +459,10 @@ def not_acquired(
 def locked_of(resource: str, nodes: Sequence[Any], results: Sequence[Any], quorum: int) -> bool:
     """``is_locked()`` from PTTL replies: a quorum holds a live key (True) or a quorum has none (False).
 
-    Anything in between cannot be told from "free": QuorumUnavailable.
+    Anything in between cannot be told from "free": QuorumUnavailable. A node
+    that sits out after a restart (its reply is a Failure, see
+    :func:`~django_redlock.core.listing.read_locked`) counts as not answering:
+    it may have forgotten the key of a lock that is held.
     """
     live = count(results, lambda r: isinstance(r, int) and (r > 0 or r == -1))
     if live >= quorum:
@@ -472,7 +475,7 @@ def locked_of(resource: str, nodes: Sequence[Any], results: Sequence[Any], quoru
     detail = "; ".join(f"{name}: {why}" for name, why in failures.items())
     raise QuorumUnavailable(
         f"Cannot tell whether {resource!r} is locked: {live} of {len(results)} nodes hold it and too few of "
-        f"the rest answered to rule it out ({detail}).",
+        f"the rest answered, and may be trusted, to rule it out ({detail}).",
         resource=resource,
         granted=live,
         quorum=quorum,

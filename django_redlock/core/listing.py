@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from django_redlock.core.base import ManagerConfig
+from django_redlock.core.base import ManagerConfig, locked_of
 from django_redlock.core.records import (
     Holder,
     LockListing,
@@ -25,7 +25,7 @@ from django_redlock.core.rounds import Failure
 from django_redlock.core.scripts import INSPECT, LIST
 from django_redlock.core.steps import Fan, Step
 
-__all__ = ["ORDERS", "Order", "Rows", "read_listing", "read_record"]
+__all__ = ["ORDERS", "Order", "Rows", "read_listing", "read_locked", "read_record"]
 
 #: How long a node gets to answer a reading's first call (or the node timeout, if longer). A node
 #: silent that long is left out of the rest of the reading, so nodes that are down cost one such wait.
@@ -102,20 +102,30 @@ def read_record(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resour
     return listing.records[0] if listing.records else None
 
 
+def read_locked(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resource: str) -> Step:
+    """``is_locked()``: each node's PTTL of the lock key, judged by :func:`~django_redlock.core.base.locked_of`."""
+    key = config.key(resource)
+    replies = yield Fan([("PTTL", key)] * len(nodes), restart_window=config.restart_window)
+    return locked_of(resource, nodes, replies, quorum)
+
+
 def _read(scan: Scan) -> Step:
     """Walk, then inspect. Nodes that are down cost one wait: the first call waits
     :data:`NODE_WAIT` for every node, a node silent by then is left out of the
     later calls, and a node whose earlier reply is still overdue is not waited
-    for at all (``allow_lagging=False``)."""
-    node_timeout = scan.config.node_timeout
-    timeout = max(node_timeout, NODE_WAIT)
+    for at all (``allow_lagging=False``). A node that sits out after a restart
+    counts as silent: it may have forgotten keys of locks that are held."""
+    config = scan.config
+    timeout = max(config.node_timeout, NODE_WAIT)
+    window = config.restart_window
     while scan.running:
         commands = scan.commands()
-        scan.take(commands, (yield Fan(commands, timeout=timeout, script=LIST, allow_lagging=False)))
-        timeout = max(node_timeout, ADMIN_TIMEOUT)
+        fan = Fan(commands, timeout=timeout, script=LIST, allow_lagging=False, restart_window=window)
+        scan.take(commands, (yield fan))
+        timeout = max(config.node_timeout, ADMIN_TIMEOUT)
     commands = scan.inspect_commands()
     if any(commands):
-        fan = Fan(commands, timeout=timeout, script=INSPECT, allow_lagging=False)
+        fan = Fan(commands, timeout=timeout, script=INSPECT, allow_lagging=False, restart_window=window)
         scan.take_inspected(commands, (yield fan))
     return scan.listing()
 

@@ -13,7 +13,7 @@ from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Reso
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, fanout, parse_nodes
-from django_redlock.core.listing import Rows, read_listing, read_record
+from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.rounds import describe_error
 from django_redlock.core.scripts import RELEASE
@@ -336,12 +336,11 @@ class LockManager(ManagerBase):
         ``resource`` is one name; a member of a lock on several resources
         counts as locked. Raises
         :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
-        nodes answer to tell (never "free" for "unknown").
+        nodes answer to tell (never "free" for "unknown"; a node that sits out
+        after a restart counts as not answering).
         """
-        key = self.key(resource)
-        nodes = self.node_list
-        results = fanout(nodes, [("PTTL", key)] * len(nodes), timeout=self.config.node_timeout)
-        return base.locked_of(resource, nodes, results, self.quorum)
+        step = read_locked(self.config, self.node_list, self.quorum, resource)
+        return cast(bool, steps.run_sync(step, self._perform))
 
     def force_release(self, resource: str) -> int:
         """Delete ``resource``'s lock key on every node, whoever holds it.

@@ -176,8 +176,8 @@ def waiting_of(lives: Sequence[int], quorum: int) -> int:
 
 
 def state_of(holding: int, copies: int, quorum: int, silent: int = 0) -> str:
-    """``held`` (one holder on a quorum), ``unknown`` (the ``silent`` nodes, which did not answer, could
-    make it a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
+    """``held`` (one holder on a quorum), ``unknown`` (the ``silent`` nodes, which did not answer or sit out
+    after a restart, could make it a quorum), ``split`` (several holders, none with a quorum) or ``minority``."""
     if holding >= quorum:
         return "held"
     if holding + silent >= quorum:
@@ -276,7 +276,8 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class LockListing:
-    """The live locks (all, or the rows asked, in the order asked), and the nodes whose keys could not be read (name -> why)."""
+    """The live locks (all, or the rows asked, in the order asked), and the nodes whose keys could not be read
+    or cannot be trusted, sitting out after a restart (name -> why)."""
 
     records: tuple[LockRecord, ...]
     down: dict[str, str]
@@ -287,7 +288,7 @@ class LockListing:
 
     @property
     def answered(self) -> int:
-        """How many nodes answered."""
+        """How many nodes answered and may be trusted (a node that sits out after a restart may have forgotten keys)."""
         return self.total - len(self.down)
 
     @property
