@@ -14,7 +14,7 @@ import tracemalloc
 
 import redis
 
-from django_redlock.core import AsyncLockManager, LockManager, steps
+from django_redlock.core import AsyncLockManager, LockManager, clock, steps
 from django_redlock.core.base import ManagerConfig
 from django_redlock.core.rounds import NEW, PARKED, ConnState, NodeBooks, Round
 from tests.conftest import eventually, eventually_async
@@ -41,7 +41,7 @@ def _ledger_memory(snapshot, ledger_file):
 def _expired(ledger):
     """True once every debt on ``ledger`` is past the time its key has surely expired."""
     latest = max((debt.until for debt in ledger.debts.values()), default=0.0)
-    return time.monotonic() > latest
+    return clock.now() > latest
 
 
 def test_debts_to_a_node_that_stays_down_expire_without_a_write(servers):

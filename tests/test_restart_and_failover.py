@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.core import AsyncLockManager, LockManager, clock
 from django_redlock.core.ledger import NO_REPLICATION, sure_uptime
 from django_redlock.exceptions import LockNotAcquired
 from django_redlock.testing import RedisServer
@@ -66,13 +66,13 @@ def test_a_probe_reply_read_after_a_stall_is_aged_from_its_reading(servers):
                          restart_window=WINDOW, retry_count=0, node_timeout=STALL)
     try:
         servers[2].restart()  # forgets the first lock
-        restarted = time.monotonic()
+        restarted = clock.now()
         servers[2].pause()
         # The second client's first vote probes node 2, which answers nothing yet: the probe is parked.
         second.acquire("warm-up", blocking=False)
         assert second.node_list[2].books.parked
-        eventually(lambda: time.monotonic() > second.node_list[0].books.down_until + 0.05)  # node 0's cool-off
-        while time.monotonic() < restarted + 1.5:  # deliberately: the stall below ends 4.5 s into the window
+        eventually(lambda: clock.now() > second.node_list[0].books.down_until + 0.05)  # node 0's cool-off
+        while clock.now() < restarted + 1.5:  # deliberately: the stall below ends 4.5 s into the window
             time.sleep(0.05)
         gate.hold_requests()
 
@@ -86,7 +86,7 @@ def test_a_probe_reply_read_after_a_stall_is_aged_from_its_reading(servers):
         with pytest.raises(LockNotAcquired) as info:
             second.acquire("r", blocking=False)
         late.join()
-        assert time.monotonic() - restarted < WINDOW - 0.5, "the machine was too slow for this test's timing"
+        assert clock.now() - restarted < WINDOW - 0.5, "the machine was too slow for this test's timing"
         assert lock.locked(), "the first lock is still valid: nobody else may hold it"
         assert "delayed-restart rule" in info.value.failures[second.nodes[2]]
     finally:
@@ -131,12 +131,12 @@ def test_a_node_declared_fsync_always_votes_right_after_a_restart(servers):
     manager = LockManager(declared, ttl=DURABLE_WINDOW, max_ttl=DURABLE_WINDOW, restart_window=DURABLE_WINDOW,
                           retry_count=0, node_timeout=0.5)
     wait_until_old(manager, DURABLE_WINDOW + 0.2)
-    last_heard = time.monotonic()  # node_status() read node 2 last
+    last_heard = clock.now()  # node_status() read node 2 last
     try:
         # Deliberately: INFO's uptime is whole seconds, so a server that started within about 2 s
         # of this process's last reply from the one before may have been there already (a failover:
         # it sits out one window, declared or not). Restart it later than that.
-        while time.monotonic() < last_heard + 2.5:
+        while clock.now() < last_heard + 2.5:
             time.sleep(0.05)
         servers[2].restart()
         eventually(lambda: manager.ping()[manager.nodes[2]] is not None)

@@ -24,12 +24,11 @@ with these classes, so the rules are written once:
 from __future__ import annotations
 
 import math
-import os
-import threading
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from django_redlock.core import forks
 
 __all__ = [
     "MINE",
@@ -280,7 +279,7 @@ class History:
     loops and managers (see :func:`history_for`): the last probe, when that server last answered,
     and when a failover was last noticed."""
 
-    __slots__ = ("last", "heard", "moved_at", "_mutex")
+    __slots__ = ("last", "heard", "moved_at", "_mutex", "__weakref__")
 
     def __init__(self) -> None:
         self.last: Restart | None = None
@@ -289,7 +288,7 @@ class History:
         self.heard: float | None = None
         #: Monotonic time the last failover was noticed (it happened before), None: never.
         self.moved_at: float | None = None
-        self._mutex = threading.Lock()  # nodes of several managers (sync, asyncio) share it
+        self._mutex = forks.mutex(self, "_mutex")  # nodes of several managers (sync, asyncio) share it
 
     def learned(self, restart: Restart) -> bool:
         """Note one connection's probe; True when it shows a failover (see :func:`moved`)."""
@@ -302,8 +301,15 @@ class History:
             return failover
 
 
-_histories: dict[str, History] = {}
-_histories_mutex = threading.Lock()
+class _Histories:
+    """Every :class:`History` of this process, by server address."""
+
+    def __init__(self) -> None:
+        self.by_address: dict[str, History] = {}
+        self.mutex = forks.mutex(self, "mutex")
+
+
+_HISTORIES = _Histories()
 
 
 def history_for(address: str) -> History:
@@ -312,23 +318,11 @@ def history_for(address: str) -> History:
 
     A forked child keeps its parent's: what the parent read of a server is still true of it.
     """
-    with _histories_mutex:
-        history = _histories.get(address)
+    with _HISTORIES.mutex:
+        history = _HISTORIES.by_address.get(address)
         if history is None:
-            history = _histories[address] = History()
+            history = _HISTORIES.by_address[address] = History()
         return history
-
-
-def _after_fork() -> None:
-    # A lock held by another thread at the fork would stay held in the child for good.
-    global _histories_mutex
-    _histories_mutex = threading.Lock()
-    for history in _histories.values():
-        history._mutex = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 UNKNOWN = "restart state unknown: its uptime has not been read yet on this connection, so it does not vote"
