@@ -103,6 +103,7 @@ class AConn(ConnState, asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         self.transport.close()
+        self._forget()
 
     def close_abandoned(self) -> None:
         """Close the socket of a connection whose event loop is closed (it can run nothing more)."""
@@ -111,7 +112,10 @@ class AConn(ConnState, asyncio.Protocol):
         inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", transport)  # TLS: the TCP one
         if getattr(inner, "_sock", None) is not None:
             inner._call_connection_lost(None)  # what close() would have the loop run: closes the socket
-        self.conn._reader = self.conn._writer = None  # nothing left for redis-py to close when collected
+        self._forget()
+
+    def _forget(self) -> None:
+        self.conn._reader = self.conn._writer = None  # closed here: nothing left for redis-py (nor its warning)
 
 
 class AsyncNode:
