@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redlock.core import LockManager
+from django_redlock.core import LockManager, ledger
 from django_redlock.testing import RedisServers, find_redis_server
 
 
@@ -46,6 +46,9 @@ def redis_servers():
 @pytest.fixture
 def servers(redis_servers):
     redis_servers.heal()
+    # Each test meets the servers as a new process would: heal() restarts a killed server moments
+    # after the last test used it, which this process would rightly take for a failover.
+    ledger._HISTORIES.by_address.clear()
     yield redis_servers
     redis_servers.heal()
 
