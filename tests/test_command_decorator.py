@@ -10,6 +10,7 @@ import time
 from io import StringIO
 
 import pytest
+import redis
 from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
@@ -98,3 +99,43 @@ def test_in_process_options():
     out = StringIO()
     call_command("nightly", lock_wait=1, lock_ttl=2, stdout=out)
     assert "nightly done" in out.getvalue()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "lock lost"])
+def test_a_command_waiting_in_line_inside_manager_lock_stops(servers, tmp_path, stop):
+    """``with manager.lock(...)`` counts as an engine call until it owns the lock, but not while it
+    waits in line: the stop must not wait for the whole timeout."""
+    from tests.conftest import eventually
+
+    manager = get_lock_manager()
+    held = manager.acquire("other", ttl=60)
+    marker = tmp_path / "blocked"
+    env = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "blocked", "--block", "redlock", "--seconds", "40", "--marker", str(marker)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    queue = manager.config.line_keys("other")[1]
+
+    def in_line():
+        with redis.Redis.from_url(servers[0].url, socket_timeout=2) as node:
+            return proc.poll() is not None or node.zcard(queue) > 0
+
+    try:
+        eventually(in_line, 30)
+        assert proc.poll() is None, proc.communicate()
+        started = time.monotonic()
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            assert manager.force_release("command:blocked") >= 3
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+        assert proc.returncode != 0, err
+        assert took < 5, f"the command ran on for {took:.1f} s after it was told to stop"
+        assert not manager.is_locked("command:blocked")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        held.release()

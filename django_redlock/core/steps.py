@@ -278,8 +278,8 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
 class EngineCalls(threading.local):
     """How deep this thread is in engine calls. A signal handler that would unwind one half done
     (a release written to some nodes only) defers while ``depth`` is above 0; each call is bounded
-    by the node timeout, and its waits (a pause, a wait in line) do not count: the acquire step
-    cleans up after an interruption there."""
+    by the node timeout, and during its waits (a pause, a wait in line) the depth is 0, whatever
+    encloses the call: the acquire step cleans up after an interruption there."""
 
     depth = 0
 
@@ -302,13 +302,14 @@ def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
             error = None
             waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
             try:
+                # A wait counts for no call this thread is in, LockContext.__enter__'s neither.
+                depth = calls.depth
                 if waits:
-                    calls.depth -= 1
+                    calls.depth = 0
                 try:
                     send = perform(effect)
                 finally:
-                    if waits:
-                        calls.depth += 1
+                    calls.depth = depth
             except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
                 send, error = None, exc
     finally:
