@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
+from django_redlock import get_lock_manager
 from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.exceptions import LockNotAcquired
 
@@ -106,6 +107,43 @@ def test_two_tasks_whose_sync_to_async_calls_run_on_the_outer_sync_thread_never_
     assert seen["a"] == seen["b"] == threading.get_ident()
     assert seen["b_got"] == "refused"
     assert m.acquire("outer-thread", blocking=False).release()
+
+
+@pytest.mark.usefixtures("redlock_settings")
+async def test_a_sync_view_under_asgi_enters_the_lock_its_sync_middleware_holds():
+    """Under ASGI, Django runs the sync middleware in one sync_to_async call; the innermost one's
+    async_to_sync runs the view back on that thread in a call of its own, while the middleware's
+    call waits beneath it on the same thread."""
+    from django.test import AsyncClient, override_settings
+
+    with override_settings(MIDDLEWARE=["tests.views.AccountLockMiddleware"]):
+        response = await AsyncClient().get("/account/")
+    assert response.content.decode() == "entered at depth 2"
+    assert not await sync_to_async(get_lock_manager().is_locked)("account")
+
+
+def test_two_greenlets_of_one_thread_never_share_a_lock(m):
+    """gevent, eventlet: a greenlet is the owner, not the thread all of them run on (also when
+    django_redlock was imported before gevent's monkey-patching)."""
+    greenlet = pytest.importorskip("greenlet")
+    hub = greenlet.getcurrent()
+
+    def first():
+        lock = m.acquire("glet", reentrant=True, blocking=False)
+        assert m.acquire("glet", reentrant=True, blocking=False) is lock  # its own lock, entered
+        hub.switch(lock)  # keeps it while another greenlet runs
+        lock.release()
+        lock.release()
+
+    holder = greenlet.greenlet(first)
+    lock = holder.switch()
+    assert greenlet.greenlet(lambda: take(m, "glet")[0]).switch() == "refused"
+    outer = m.acquire("glet-thread", reentrant=True, blocking=False)  # the thread's first greenlet
+    assert greenlet.greenlet(lambda: take(m, "glet-thread")[0]).switch() == "refused"
+    outer.release()
+    holder.switch()
+    assert holder.dead and not lock.locked()
+    assert m.acquire("glet", blocking=False).release()
 
 
 async def test_a_blocking_call_from_another_task_on_the_same_thread_waits_for_the_holder(m):

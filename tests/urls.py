@@ -12,4 +12,5 @@ urlpatterns = [
     path("report/<int:pk>/", views.ReportView.as_view()),
     path("report-mixin/<int:pk>/", views.ReportMixinView.as_view()),
     path("custom/<int:pk>/", views.custom),
+    path("account/", views.account),
 ]

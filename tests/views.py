@@ -6,8 +6,9 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_redlock import redlock
+from django_redlock import get_lock_manager, redlock
 from django_redlock.decorators import RedlockMixin
+from django_redlock.exceptions import LockNotAcquired
 
 #: Tests set these to hold a view inside its critical section.
 inside = threading.Event()
@@ -68,3 +69,25 @@ def teapot(request, error):
 @redlock("custom-{pk}", on_locked=teapot)
 def custom(request, pk):
     return HttpResponse("ok")
+
+
+class AccountLockMiddleware:
+    """A sync middleware that holds the reentrant lock "account" around the view."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        with get_lock_manager().lock("account", reentrant=True, blocking=False):
+            return self.get_response(request)
+
+
+def account(request):
+    """Enters the lock its middleware holds; says how deep, or that it was refused."""
+    try:
+        lock = get_lock_manager().acquire("account", reentrant=True, blocking=False)
+    except LockNotAcquired:
+        return HttpResponse("refused")
+    depth = lock._depth
+    lock.release()
+    return HttpResponse(f"entered at depth {depth}")

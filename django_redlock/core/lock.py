@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures.thread import _WorkItem
 from types import CodeType, FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -47,38 +47,50 @@ def _executor_calls() -> tuple[CodeType, ...]:
     return (_POOL_CALL,) if run is None else (_POOL_CALL, run.__code__)
 
 
-def _executor_call() -> Any:
-    """The innermost call this thread runs for an executor (its work item), or None."""
+def _greenlet() -> Any:
+    """The running greenlet (gevent, eventlet) when it is not its thread's first one, else None."""
+    module = sys.modules.get("greenlet")
+    if module is None:
+        return None
+    current = module.getcurrent()
+    return current if current.parent is not None else None
+
+
+def _owners() -> Iterator[tuple[Any, str]]:
+    """Who is calling, innermost first, each with a name for messages: the running asyncio task; the
+    executor calls this thread runs, from the innermost out (an outer one is blocked beneath, e.g.
+    in ``async_to_sync``, while an inner one runs for it); the running greenlet, else the thread."""
+    loop = asyncio._get_running_loop()  # None outside a loop, where current_task() would raise
+    task = asyncio.current_task(loop) if loop is not None else None
+    if task is not None:
+        yield task, f"asyncio task {task.get_name()!r}"
+    thread = threading.current_thread()
     calls = _executor_calls()
     frame: FrameType | None = sys._getframe()
     while frame is not None:
         if frame.f_code in calls:
-            return frame.f_locals.get("self")
+            yield frame.f_locals.get("self"), f"executor call in thread {thread.name!r}"
         frame = frame.f_back
-    return None
+    glet = _greenlet()
+    if glet is not None:
+        yield glet, f"greenlet {getattr(glet, 'name', None) or hex(id(glet))}"
+        return
+    owner = getattr(_thread_owner, "owner", None)
+    if owner is None:
+        owner = _thread_owner.owner = _ThreadOwner()
+    yield owner, f"thread {thread.name!r}"
 
 
 def caller() -> tuple[Any, str]:
     """Who is calling, for ``reentrant=True``: the object and a name for messages.
 
-    The running asyncio task; else the executor call this thread runs (a pooled thread serves
-    many callers: ``loop.run_in_executor``, asgiref's ``sync_to_async``, which does not tell the
-    thread which task launched the call); else the thread. Locks keep a weak reference to it,
-    never an id: ids of finished threads and tasks are reused, and a lock must never be entered
-    by whoever comes next.
+    The running asyncio task; else the innermost executor call this thread runs (a pooled thread
+    serves many callers: ``loop.run_in_executor``, asgiref's ``sync_to_async``, which does not tell
+    the thread which task launched the call); else the running greenlet, unless it is the thread's
+    first; else the thread. Locks keep a weak reference to it, never an id: ids of finished threads
+    and tasks are reused, and a lock must never be entered by whoever comes next.
     """
-    loop = asyncio._get_running_loop()  # None outside a loop, where current_task() would raise
-    task = asyncio.current_task(loop) if loop is not None else None
-    if task is not None:
-        return task, f"asyncio task {task.get_name()!r}"
-    thread = threading.current_thread()
-    call = _executor_call()
-    if call is not None:
-        return call, f"executor call in thread {thread.name!r}"
-    owner = getattr(_thread_owner, "owner", None)
-    if owner is None:
-        owner = _thread_owner.owner = _ThreadOwner()
-    return owner, f"thread {thread.name!r}"
+    return next(_owners())
 
 
 class HeldLocks:
@@ -108,14 +120,22 @@ class HeldLocks:
             held = list(self._locks)
         return [lock for lock in held if lock.locked() and not wanted.isdisjoint(lock.resources)]
 
+    @staticmethod
+    def _mine(held: list[LockBase]) -> tuple[list[LockBase], str]:
+        """Those of ``held`` the caller or a call it runs within owns (a sync view under a sync
+        middleware, through async_to_sync), and the caller's name; looked up only when some are held."""
+        if not held:
+            return [], ""
+        owners = list(_owners())
+        return [lock for lock in held if any(lock._owner() is owner for owner, _ in owners)], owners[0][1]
+
     def enter(self, resources: tuple[str, ...]) -> LockBase | None:
         """The caller's own lock on ``resources``, entered once more (``reentrant=True``); else None.
 
         Raises :class:`~django_redlock.exceptions.LockNotAcquired` when the
         caller holds only part of the set: it would wait for itself.
         """
-        me, name = caller()
-        mine = [lock for lock in self.overlapping(resources) if lock._owner() is me]
+        mine, name = self._mine(self.overlapping(resources))
         if not mine:
             return None
         covering = [lock for lock in mine if set(resources) <= set(lock.resources)]
@@ -142,8 +162,7 @@ class HeldLocks:
         held = self.overlapping(resources)
         if not held:
             return ""
-        me, name = caller()
-        mine = [lock for lock in held if lock._owner() is me]
+        mine, name = self._mine(held)
         if mine:
             lock = mine[0]
             return (
