@@ -207,7 +207,9 @@ class Extender:
                     if wait <= 0:
                         _, _, watch = heapq.heappop(self._heap)
                         break
-                    self._cond.wait(timeout=wait)
+                    # The wait runs on time.monotonic(), which stops while the host is suspended, and
+                    # deadlines on clock.now: wake every second to see a resumed host's deadlines.
+                    self._cond.wait(timeout=min(wait, 1.0))
             try:
                 if report is not None:
                     self._report(*report)
