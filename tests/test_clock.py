@@ -127,3 +127,20 @@ async def test_a_jump_of_the_engine_clock_takes_it_off_a_held_async_locks_validi
             jumping_clock[0] = 6.0
             assert not lock.locked()
     await am.aclose()
+
+
+def test_the_extender_sees_a_jump_of_the_engine_clock_within_seconds(servers, jumping_clock):
+    """The watchdog sleeps on a timer the OS runs on the monotonic clock, which stops during a
+    suspend: it wakes at least once a second, so a resumed host extends in time (a 30 s ttl's
+    watchdog slept on to its 10 s tick, past a lock that had 5 s left)."""
+    from tests.conftest import eventually
+
+    m = LockManager(servers.urls, ttl=30.0, restart_window=0)
+    try:
+        with m.lock("suspended-extender", auto_extend=True) as lock:
+            extender = m._extender
+            eventually(lambda: extender._cond._waiters, 5.0)  # its thread sleeps until the next tick
+            jumping_clock[0] = 25.0  # the host slept 25 s: 5 s left, the extension is due
+            eventually(lambda: lock.extensions >= 1, 3.0)
+    finally:
+        m.close()
