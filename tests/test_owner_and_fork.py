@@ -373,3 +373,56 @@ def test_every_mutex_of_the_package_is_free_in_a_child_forked_while_another_thre
         t.join(10)
     code = os.waitstatus_to_exitcode(status)
     assert code == 0, f"{list(mutexes)[code - 1]}'s mutex stayed held in the child"
+
+
+# -- a lock held further out is lent to one call within it at a time ---------------------------
+
+
+def _siblings(manager, enter_through_sync_to_async: bool) -> list[str]:
+    """The thread holds "lent"; two gathered tasks run within it, each entering with reentrant=True
+    and holding across an await. Returns what each did."""
+
+    log: list[str] = []
+    inside: list[str] = []
+
+    def take(name):
+        try:
+            lock = manager.acquire("lent", reentrant=True, blocking=False)
+        except LockNotAcquired:
+            log.append(f"{name} refused")
+            return None
+        inside.append(name)
+        log.append(f"{name} entered with {len(inside)} inside")
+        return lock
+
+    def give(name, lock):
+        inside.remove(name)
+        lock.release()
+
+    async def child(name):
+        lock = await sync_to_async(take)(name) if enter_through_sync_to_async else take(name)
+        if lock is not None:
+            await asyncio.sleep(0.2)  # the sibling runs meanwhile
+            await sync_to_async(give)(name, lock) if enter_through_sync_to_async else give(name, lock)
+
+    async def main():
+        await asyncio.gather(child("first"), child("second"))
+
+    outer = manager.acquire("lent", reentrant=True, blocking=False)
+    try:
+        if enter_through_sync_to_async:
+            async_to_sync(main)()  # the tasks' sync_to_async calls run back on this thread
+        else:
+            asyncio.run(main())  # the tasks run on this thread
+    finally:
+        assert outer.release()
+    return log
+
+
+@pytest.mark.parametrize("through", ["sync_to_async", "asyncio.run"])
+def test_two_tasks_within_the_holder_never_hold_its_lock_at_once(manager, through):
+    """A thread that holds a lock and runs tasks (asyncio.run, or async_to_sync whose sync_to_async
+    calls run back on it) lends the lock to one of them at a time: with any enclosing owner
+    accepted, both gathered tasks were inside it together."""
+    log = _siblings(manager, through == "sync_to_async")
+    assert log == ["first entered with 1 inside", "second refused"]

@@ -121,13 +121,14 @@ class HeldLocks:
         return [lock for lock in held if lock.locked() and not wanted.isdisjoint(lock.resources)]
 
     @staticmethod
-    def _mine(held: list[LockBase]) -> tuple[list[LockBase], str]:
+    def _mine(held: list[LockBase]) -> tuple[list[LockBase], Any, str]:
         """Those of ``held`` the caller or a call it runs within owns (a sync view under a sync
-        middleware, through async_to_sync), and the caller's name; looked up only when some are held."""
+        middleware, through async_to_sync), the caller and its name; looked up only when some are held."""
         if not held:
-            return [], ""
+            return [], None, ""
         owners = list(_owners())
-        return [lock for lock in held if any(lock._owner() is owner for owner, _ in owners)], owners[0][1]
+        mine = [lock for lock in held if any(lock._owner() is owner for owner, _ in owners)]
+        return mine, owners[0][0], owners[0][1]
 
     def enter(self, resources: tuple[str, ...]) -> LockBase | None:
         """The caller's own lock on ``resources``, entered once more (``reentrant=True``); else None.
@@ -135,13 +136,13 @@ class HeldLocks:
         Raises :class:`~django_redlock.exceptions.LockNotAcquired` when the
         caller holds only part of the set: it would wait for itself.
         """
-        mine, name = self._mine(self.overlapping(resources))
+        mine, me, name = self._mine(self.overlapping(resources))
         if not mine:
             return None
         covering = [lock for lock in mine if set(resources) <= set(lock.resources)]
         for lock in covering:
             with lock._state:  # entered only while still held: a release may have just begun
-                if not (lock.released or lock.lost) and lock.validity > 0:
+                if not (lock.released or lock.lost) and lock.validity > 0 and lock._lend(me):
                     lock._depth += 1
                     return lock
         if covering:
@@ -162,7 +163,7 @@ class HeldLocks:
         held = self.overlapping(resources)
         if not held:
             return ""
-        mine, name = self._mine(held)
+        mine, _me, name = self._mine(held)
         if mine:
             lock = mine[0]
             return (
@@ -227,6 +228,9 @@ class LockBase:
         owner, self._owner_name = caller()
         self._owner = weakref.ref(owner)
         self._depth = 1
+        # A call within the owner that entered it (lent to one such call at a time), and how often.
+        self._borrower: weakref.ref[Any] | None = None
+        self._borrowed = 0
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
 
@@ -423,6 +427,8 @@ class LockBase:
                 return False
             if self._depth > 1:
                 self._depth -= 1
+                if self._borrowed and self._owner() is not caller()[0]:
+                    self._borrowed -= 1  # only the one call it is lent to holds entries besides the owner
                 return None
             self.released = True
         self._lost_listener = None
@@ -430,6 +436,20 @@ class LockBase:
         if not self.lost and self._deadline <= self._clock():
             self._mark_lost("it expired before it was released")
         return True
+
+    def _lend(self, caller: Any) -> bool:
+        """May ``caller`` (the owner, or a call within it) enter now? A call within the owner (a view
+        run for its middleware) borrows the lock; two such calls side by side (tasks gathered
+        there) never hold it at once. Under ``self._state``."""
+        if self._owner() is caller:
+            return True
+        if not self._borrowed:
+            self._borrower, self._borrowed = weakref.ref(caller), 1
+            return True
+        if self._borrower is not None and self._borrower() is caller:
+            self._borrowed += 1
+            return True
+        return False  # lent to another call until it releases (a call that ended keeps it till then)
 
     def __repr__(self) -> str:
         state = "released" if self.released else "lost" if self.lost else f"valid {self.validity:.3f}s"
