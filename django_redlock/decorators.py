@@ -729,10 +729,17 @@ class _Guard:
         if self.armed:
             if steps.engine_calls.depth:
                 # Inside a lock call of the command's own (an item's acquire or release): unwinding
-                # it half done would leave that lock on the nodes. Stop once it has returned.
+                # it half done would leave that lock on the nodes. Stop once it has returned: the
+                # signal goes again the moment the call ends (and every few ms, as a fallback).
+                steps.engine_calls.on_leave = self.resend
                 self.deferred.set()
                 return
             raise _Stop()
+
+    def resend(self) -> None:
+        """Send the stop again to the main thread (it left the engine call that deferred it)."""
+        if self.armed and self.main is not None:
+            signal.pthread_kill(self.main, STOP_SIGNAL)
 
     def redeliver(self) -> None:
         """Send the stop again, every few milliseconds, while the handler defers it."""

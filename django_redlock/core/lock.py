@@ -498,14 +498,20 @@ class Lock(LockBase):
         A lock entered again with ``reentrant=True`` is released by its
         outermost release; the inner ones return True and keep it.
         """
-        started = self._start_release()
-        if started is None:
-            return True
-        if not started:
-            return False
-        self.manager._forget(self)
-        results = self.manager._release_keys(self.resources, self.value, place=self._place)
-        return self._judge_release(results)
+        # The whole call, its hooks' log lines too, is an engine call: a command's stop waits for it
+        # (one landing in a log line's ``with`` can leave the logging module's mutex held).
+        steps.engine_calls.depth += 1
+        try:
+            started = self._start_release()
+            if started is None:
+                return True
+            if not started:
+                return False
+            self.manager._forget(self)
+            results = self.manager._release_keys(self.resources, self.value, place=self._place)
+            return self._judge_release(results)
+        finally:
+            steps.engine_calls.leave()
 
     def owned(self) -> bool:
         """Ask the nodes whether this holder still holds the lock.
@@ -618,6 +624,7 @@ class LockContext(ContextBase):
                 self.manager._watch(lock, self.max_hold, self.on_lost)
             return lock
         finally:
+            # Not leave(): a stop sent again here could land before the with block owns the lock.
             steps.engine_calls.depth -= 1
 
     def __exit__(

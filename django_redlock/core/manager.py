@@ -440,7 +440,7 @@ class LockManager(ManagerBase):
         try:
             result: list[Any] = self._perform(fan)
         finally:
-            steps.engine_calls.depth -= 1
+            steps.engine_calls.leave()
         return result
 
     def _fence(self, lock: Lock) -> int:

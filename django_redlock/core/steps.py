@@ -282,6 +282,15 @@ class EngineCalls(threading.local):
     encloses the call: the acquire step cleans up after an interruption there."""
 
     depth = 0
+    #: Called once when the depth is back to 0 (a deferred stop is sent again at that moment).
+    on_leave: Callable[[], None] | None = None
+
+    def leave(self) -> None:
+        """The end of an engine call."""
+        self.depth -= 1
+        if not self.depth and self.on_leave is not None:
+            on_leave, self.on_leave = self.on_leave, None
+            on_leave()
 
 
 engine_calls = EngineCalls()
@@ -302,15 +311,16 @@ def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
             error = None
             waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
             try:
-                # A wait counts for no call this thread is in, LockContext.__enter__'s neither.
+                # A wait counts for no call this thread is in, LockContext.__enter__'s neither. The
+                # depth is set to 0 inside the try: a stop raised right after it must not leave it 0.
                 depth = calls.depth
-                if waits:
-                    calls.depth = 0
                 try:
+                    if waits:
+                        calls.depth = 0
                     send = perform(effect)
                 finally:
                     calls.depth = depth
             except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
                 send, error = None, exc
     finally:
-        calls.depth -= 1
+        calls.leave()
