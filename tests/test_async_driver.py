@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from django_redlock.core import AsyncLockManager, LockManager, aio
+from django_redlock.core import AsyncLockManager, LockManager, anodes
 from django_redlock.exceptions import LockNotAcquired
 from tests.conftest import eventually, on_nodes
 from tests.proxy import Proxy
@@ -167,7 +167,7 @@ def test_loops_closed_without_shutdown_asyncgens_leave_nothing_behind(servers):
         in_a_closed_loop(i)
     gc.collect()
     grown = open_files() - files
-    ends = len(aio._LOOP_ENDS)
+    ends = len(anodes._LOOP_ENDS)
     books = max(len(anode._pools) for anode in manager.anodes)
     # The last loop's connections stay until the next loop connects (or the manager is closed).
     assert grown <= 0 and ends <= 1 and books <= 1, (

@@ -479,7 +479,7 @@ def test_scan_matches_escaped_glob():
 
 
 def test_parse_commands_reads_packed_requests():
-    from django_redlock.core.nodes import pack
+    from django_redlock.core.resp import pack
 
     data = pack(("SET", KEY, "v", "NX", "PX", 1000)) + pack(("EVALSHA", RELEASE.sha, 1, KEY, "v"))
     assert parse_commands(data) == [

@@ -1,0 +1,451 @@
+"""The asyncio driver: connections read by a protocol, and the fan-out on the running loop.
+
+Each connection's transport is read by a protocol (:class:`AConn`) that parses
+and books every reply the moment it arrives (see :mod:`django_redlock.core.ledger`),
+whether or not a caller still waits for it. A fan-out writes every command
+before awaiting anything, then waits on the replies it wants until the outcome
+is known or ``node_timeout`` passes. Nothing a caller does (giving up, being
+cancelled) can lose a reply's meaning: the protocol keeps the books and a
+connection goes back to the pool only when nothing is pending on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.exceptions import RedisError
+
+from django_redlock.core import clock, forks
+from django_redlock.core.nodes import Node, describe
+from django_redlock.core.resp import ReplyBuffer, pack
+from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
+from django_redlock.core.scripts import Script
+
+__all__ = ["AConn", "AsyncNode", "afanout", "settle_and_close"]
+
+
+class AConn(ConnState, asyncio.Protocol):
+    """One connection: the books' per-connection state, and the protocol that reads its replies.
+
+    redis.asyncio makes the connection (TCP or TLS, AUTH, SELECT); then this
+    protocol takes the transport over. Every reply is parsed and booked the
+    moment it arrives (see :mod:`django_redlock.core.ledger`), whether or not
+    a caller still waits for it: no reader task, no parser round trip through
+    redis-py. When nothing is pending any more, the connection is idle again.
+    """
+
+    __slots__ = ("conn", "anode", "books", "transport", "closed", "_replies")
+
+    def __init__(self, conn: Any, anode: AsyncNode, books: NodeBooks, transport: Any) -> None:
+        super().__init__()
+        self.conn = conn  # redis-py closes the transport when its connection is collected: keep it
+        self.anode = anode
+        self.books = books
+        self.transport = transport
+        self.closed = False
+        self._replies = ReplyBuffer()
+
+    def healthy(self) -> bool:
+        """An idle connection has nothing to read; a closed one or stray bytes mean it is unusable."""
+        return not self.closed and not self._replies.pending() and not self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        replies = self._replies
+        replies.feed(data)
+        try:
+            while (reply := replies.next()) is not ReplyBuffer.INCOMPLETE:
+                self._book(reply)
+        except (ValueError, RedisError) as exc:
+            self.anode.drop(self, f"protocol error ({exc})")
+
+    def _book(self, reply: Any) -> None:
+        books = self.books
+        now = clock.now()
+        entry, resend = books.read(self, reply, now)
+        if resend is not None:
+            self.transport.write(pack(resend))
+        elif entry.waiter is not None:
+            entry.waiter.take(entry, reply, now)
+        if self in books.parked:
+            if self.expect:
+                books.parked[self] = now  # progress
+            else:
+                del books.parked[self]
+                books.checkin(self, 0.0, now)
+        if self.anode._settling:  # someone closing waits for the replies still due
+            settling = self.anode._settling.pop(books, None)
+            if settling is not None:
+                _wake(settling)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.anode.drop(self, "connection lost")
+
+    def close(self) -> None:
+        self.closed = True
+        self.transport.close()
+        self._forget()
+
+    def close_abandoned(self) -> None:
+        """Close the socket of a connection whose event loop is closed (it can run nothing more)."""
+        self.closed = True
+        transport = self.transport
+        inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", transport)  # TLS: the TCP one
+        if getattr(inner, "_sock", None) is not None:
+            inner._call_connection_lost(None)  # what close() would have the loop run: closes the socket
+        self._forget()
+
+    def _forget(self) -> None:
+        self.conn._reader = self.conn._writer = None  # closed here: nothing left for redis-py (nor its warning)
+
+
+class AsyncNode:
+    """One node's asyncio connections and books (per event loop, fork-aware)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.name = node.name
+        self.node_timeout = node.node_timeout
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks] = weakref.WeakKeyDictionary()
+        self._pools_lock = forks.mutex(self, "_pools_lock")  # several threads may each run their own loop
+        #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
+        self._settling: dict[NodeBooks, asyncio.Future[None]] = {}
+        self._pid = os.getpid()
+        kwargs = dict(node.kwargs)
+        kwargs.pop("retry", None)
+        kwargs.pop("parser_class", None)
+        kwargs.pop("connection_class", None)
+        self.kwargs = kwargs
+        self.connection_class = _async_class(node)
+
+    @property
+    def books(self) -> NodeBooks:
+        """The books of the running event loop: connections belong to one loop (and one process)."""
+        return self.books_for(asyncio.get_running_loop(), os.getpid())
+
+    def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks:
+        """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
+        books = self._pools.get(loop)
+        if books is None or pid != self._pid:
+            with self._pools_lock:
+                if os.getpid() != self._pid:
+                    self._pools = weakref.WeakKeyDictionary()  # a forked child: the parent's sockets are not ours
+                    self._pid = os.getpid()
+                books = self._pools.get(loop)
+                if books is None:
+                    self._sweep_closed_loops()
+                    books = self._pools[loop] = NodeBooks(
+                        self.node.name, self.node_timeout, self.node.fsync_always, self.node.history
+                    )
+        return books
+
+    def _sweep_closed_loops(self) -> None:
+        """Close the connections of loops closed without shutting down their async generators
+        (``run_until_complete()`` then ``close()``): their end never ran, and the books' transports
+        would keep such a loop (and its sockets) alive for good. Hold :attr:`_pools_lock`."""
+        for loop in [loop for loop in self._pools if loop.is_closed()]:
+            books = self._pools.pop(loop)
+            now = clock.now()
+            for aconn in [conn for conn, _ in books.idle] + list(books.parked):
+                books.drop(aconn, now)
+                aconn.close_abandoned()
+            books.idle.clear()
+
+    def _conns(self) -> list[AConn]:
+        books = self.books
+        return [conn for conn, _ in books.idle] + list(books.parked)
+
+    async def connect(self, books: NodeBooks) -> AConn:
+        await _close_at_loop_end(self)
+        conn = None
+        try:
+            conn = self.connection_class(**self.kwargs)
+            await _within(conn.connect(), self.node_timeout)
+            if conn._reader._buffer:
+                raise ConnectionError("unexpected bytes after the handshake")
+            transport = conn._writer.transport
+        except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
+            if conn is not None:
+                await _adisconnect(conn)
+            raise NodeUnavailable(self.node.redact(describe(exc, self.node_timeout))) from None
+        aconn = AConn(conn, self, books, transport)
+        transport.set_protocol(aconn)
+        return aconn
+
+    def write(self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes]) -> None:
+        if len(commands) == 1:
+            data = packed.get(commands[0])
+            if data is None:
+                data = packed[commands[0]] = pack(commands[0])  # the same command usually goes to every node
+        else:
+            data = b"".join(pack(c) for c in commands)
+        aconn.write(data)
+
+    def drop(self, aconn: AConn, reason: str) -> None:
+        """The connection broke (or is given up): tell the rounds waiting on it, let the books drop it, close it."""
+        now = clock.now()
+        for entry in list(aconn.expect):
+            if entry.waiter is not None:
+                entry.waiter.take(entry, Failure(reason), now)
+        aconn.books.drop(aconn, now)
+        aconn.close()
+
+    def drop_stale(self, books: NodeBooks, now: float) -> None:
+        """Give up connections whose replies are overdue beyond the stale limit (the books decide)."""
+        for aconn in books.stale(now):
+            self.drop(aconn, f"no reply for over {books.stale_limit:.1f} s")
+
+    async def settle(self, deadline: float) -> None:
+        """Wait until ``deadline`` (monotonic) for the replies still due on parked connections
+        (see :meth:`Node.settle <django_redlock.core.nodes.Node.settle>`)."""
+        books = self.books
+        loop = asyncio.get_running_loop()
+        while any(aconn.expect for aconn in books.parked):
+            left = deadline - clock.now()
+            if left <= 0:
+                return
+            waiter = self._settling[books] = loop.create_future()
+            timer = loop.call_later(left, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._settling.pop(books, None)
+
+    async def close(self) -> None:
+        books = self.books
+        now = clock.now()
+        for aconn in self._conns():
+            books.drop(aconn, now)
+            aconn.close()
+        books.idle.clear()
+
+
+async def settle_and_close(anodes: Sequence[AsyncNode]) -> None:
+    """Close the nodes' connections on the running loop once the replies still due were read
+    (at most one node timeout in all)."""
+    deadline = clock.now() + max((anode.node_timeout for anode in anodes), default=0.0)
+    for anode in anodes:
+        await anode.settle(deadline)
+        await anode.close()
+
+
+#: Per event loop: the nodes that made connections on it, and what the loop's shutdown runs for them.
+_LOOP_ENDS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[weakref.WeakSet[AsyncNode], AsyncGenerator[None, None]]
+] = weakref.WeakKeyDictionary()
+
+
+async def _close_at_loop_end(anode: AsyncNode) -> None:
+    """Have the running loop settle and close ``anode``'s connections when it shuts down."""
+    loop = asyncio.get_running_loop()
+    known = _LOOP_ENDS.get(loop)
+    if known is None:
+        for closed in [other for other in _LOOP_ENDS if other.is_closed()]:
+            del _LOOP_ENDS[closed]  # its end never ran and never will; it kept that loop alive
+        nodes: weakref.WeakSet[AsyncNode] = weakref.WeakSet()
+        end = _at_loop_end(nodes)
+        _LOOP_ENDS[loop] = nodes, end
+        await end.asend(None)  # its first step: from now on the loop closes it at its shutdown
+    else:
+        nodes = known[0]
+    nodes.add(anode)
+
+
+async def _at_loop_end(nodes: weakref.WeakSet[AsyncNode]) -> AsyncGenerator[None, None]:
+    """Settle and close ``nodes``' connections when the loop shuts down its async generators
+    (``asyncio.run`` does, before it closes the loop), as :meth:`AsyncLockManager.aclose` would.
+
+    A release that ended at a quorum leaves the last replies coming; a program that ends
+    without ``aclose()`` would exit with them unread, and a socket closed like that is reset.
+    """
+    try:
+        yield
+    finally:
+        _LOOP_ENDS.pop(asyncio.get_running_loop(), None)
+        await settle_and_close(list(nodes))
+
+
+def _async_class(node: Node) -> type:
+    if node.path:
+        return aredis.UnixDomainSocketConnection
+    if node.connection_class.__name__ == "SSLConnection":
+        return aredis.SSLConnection
+    return aredis.Connection
+
+
+async def _within(work: Coroutine[Any, Any, None], timeout: float) -> None:
+    """Await ``work`` for at most ``timeout`` seconds of the loop's own running time.
+
+    A deadline that passes while the loop itself was stopped (a long garbage
+    collection, a busy host) is not the node's fault: when the timer fires later
+    than a quarter of the timeout, the work gets the timeout once more.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    try:
+        for _ in range(2):
+            due = loop.time() + timeout
+            await asyncio.wait((task,), timeout=timeout)
+            if task.done() or loop.time() - due < timeout / 4:
+                break
+    except BaseException:
+        task.cancel()  # cancelled from outside: the work goes with it
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait((task,))
+        raise asyncio.TimeoutError
+    task.result()
+
+
+async def _adisconnect(conn: Any) -> None:
+    try:
+        await conn.disconnect()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _keep_when_connected(books: NodeBooks, task: asyncio.Task[Any]) -> None:
+    """A connect the fan-out stopped waiting for (cancelled): keep the connection if it succeeds."""
+
+    def after(done: asyncio.Task[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            books.checkin(done.result(), 0.0, clock.now())
+
+    task.add_done_callback(after)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _look(loop: asyncio.AbstractEventLoop) -> None:
+    """Return once the loop has read what already arrived: it runs a turn's due timers after that turn's reads."""
+    looked = loop.create_future()
+    loop.call_later(0.0, _wake, looked)
+    await looked
+
+
+async def afanout(
+    anodes: Sequence[AsyncNode],
+    commands: Sequence[tuple[Any, ...] | None],
+    *,
+    timeout: float,
+    done: Callable[[list[Any]], bool] | None = None,
+    script: Script | None = None,
+    ordered_after_key: str | None = None,
+    allow_lagging: bool = True,
+    timings: list[float | None] | None = None,
+    restart_window: float = 0.0,
+    owe: tuple[str, str, float] | None = None,
+    block: tuple[tuple[str, ...], float] | None = None,
+) -> list[Any]:
+    """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
+    now = clock.now()
+    loop = asyncio.get_running_loop()
+    pid = os.getpid()
+    books = [anode.books_for(loop, pid) for anode in anodes]  # looked up once per fan-out
+    for book in books:
+        if book.parked and book.lagging(now):
+            # Replies overdue by the clock may be here, unread while the loop did not run (a blocking
+            # call, a long garbage collection): the loop reads them before any node is judged silent.
+            await _look(loop)
+            now = clock.now()
+            break
+    rnd = Round(
+        books,
+        commands,
+        now=now,
+        timeout=timeout,
+        done=done,
+        script=script,
+        ordered_after_key=ordered_after_key,
+        allow_lagging=allow_lagging,
+        restart_window=restart_window,
+        timings=timings,
+        owe=owe,
+        block=block,
+    )
+    wake: list[asyncio.Future[None]] = [loop.create_future()]
+
+    rnd.on_reply = lambda: _wake(wake[0])
+    packed: dict[Any, bytes] = {}
+
+    def write(i: int, aconn: AConn, since: float | None) -> None:
+        anode = anodes[i]
+        wire = rnd.write(i, aconn, now)
+        error = None
+        try:
+            anode.write(aconn, wire, packed)
+        except Exception as exc:  # noqa: BLE001 - the connection is broken
+            error = anode.node.redact(describe(exc, anode.node_timeout))
+            aconn.close()
+        parked = books[i].parked
+        if rnd.written(i, aconn, since, now, error) and aconn not in parked:
+            parked[aconn] = since if since is not None else now
+
+    connecting: dict[int, asyncio.Task[AConn]] = {}
+    try:
+        for i, anode in enumerate(anodes):
+            if books[i].parked:
+                anode.drop_stale(books[i], now)
+            while True:
+                choice = rnd.choose(i, now)
+                if choice is None:
+                    break
+                kind, aconn, since = choice
+                if kind == NEW:
+                    connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
+                elif kind == PARKED or aconn.healthy():
+                    write(i, aconn, since if kind == PARKED else None)
+                else:
+                    aconn.close()  # closed by the server: try again
+                    continue
+                break
+        if connecting:
+            await asyncio.wait(connecting.values())
+            now = clock.now()
+            for i, task in connecting.items():
+                exc = task.exception()
+                if exc is not None:
+                    rnd.connect_failed(i, str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout), now)
+                else:
+                    write(i, task.result(), None)
+            connecting = {}
+        rnd.start(clock.now())
+        while True:
+            wait = rnd.wait_time(clock.now())
+            if wait is None:
+                break
+            if wake[0].done():
+                wake[0] = loop.create_future()
+            if wait == 0.0 and rnd.grace:
+                await asyncio.sleep(0)  # the outcome is known: let replies already here be read
+                continue
+            # The last look (0.0 once the time is up) waits on a timer too: the loop runs a turn's
+            # due timers after that turn's reads, so the replies already here are booked first.
+            timer = loop.call_later(wait, _wake, wake[0])
+            try:
+                await wake[0]
+            finally:
+                timer.cancel()
+    except BaseException:
+        # Cancelled: replies are still read and booked as they come; connects finish into the pool.
+        rnd.finish(clock.now())
+        for i, task in connecting.items():
+            _keep_when_connected(books[i], task)
+        raise
+    rnd.finish(clock.now())
+    return rnd.results

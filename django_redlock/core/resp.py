@@ -1,0 +1,154 @@
+"""RESP2 on the wire: commands packed as arrays of bulk strings, replies parsed from a byte buffer.
+
+No I/O: the drivers feed what they read into a :class:`ReplyBuffer` and take whole replies out.
+An error reply is parsed as the redis-py exception it would raise (``NoScriptError`` for NOSCRIPT).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+
+__all__ = ["INCOMPLETE", "USUAL", "ReplyBuffer", "pack"]
+
+_INCOMPLETE = object()
+_ERRORS = {
+    "NOSCRIPT": NoScriptError,
+    "WRONGPASS": AuthenticationError,
+    "NOAUTH": AuthenticationError,
+}
+
+
+def _error(line: bytes) -> RedisError:
+    text = line.decode("utf-8", "replace")
+    return _ERRORS.get(text.split(" ", 1)[0], ResponseError)(text)
+
+
+#: Whole replies a vote or a release usually gets, as :func:`_parse` reads them.
+_USUAL: dict[bytes, Any] = {b"+OK\r\n": b"OK", b":1\r\n": 1, b":0\r\n": 0, b"$-1\r\n": None}
+
+
+def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
+    """Parse one RESP2 reply at ``pos``: ``(value, next position)`` or ``(_INCOMPLETE, pos)``."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return _INCOMPLETE, pos
+    kind = buf[pos]
+    after = end + 2
+    if kind == 42:  # *array: items parsed in a loop (bulk strings and integers inline)
+        count = int(buf[pos + 1 : end])
+        if count < 0:
+            return None, after
+        items: list[Any] = []
+        append = items.append
+        find = buf.find
+        size_total = len(buf)
+        for _ in range(count):
+            end = find(b"\r\n", after)
+            if end < 0:
+                return _INCOMPLETE, pos
+            head = buf[after]
+            if head == 36:
+                size = int(buf[after + 1 : end])
+                if size < 0:
+                    append(None)
+                    after = end + 2
+                    continue
+                start = end + 2
+                if size_total < start + size + 2:
+                    return _INCOMPLETE, pos
+                append(bytes(buf[start : start + size]))
+                after = start + size + 2
+            elif head == 58:
+                append(int(buf[after + 1 : end]))
+                after = end + 2
+            else:
+                item, after = _parse(buf, after)
+                if item is _INCOMPLETE:
+                    return _INCOMPLETE, pos
+                append(item)
+        return items, after
+    line = bytes(buf[pos + 1 : end])
+    if kind == 43:  # +simple
+        return line, after
+    if kind == 58:  # :integer
+        return int(line), after
+    if kind == 36:  # $bulk
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(buf) < after + size + 2:
+            return _INCOMPLETE, pos
+        return bytes(buf[after : after + size]), after + size + 2
+    if kind == 45:  # -error
+        return _error(line), after
+    raise ValueError(f"not a RESP2 reply (first byte {kind!r})")
+
+
+def _arg(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value).encode()
+    raise TypeError(f"cannot send {type(value).__name__} to Redis")
+
+
+def pack(args: Sequence[Any]) -> bytes:
+    """Encode one command as a RESP2 array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for value in args:
+        data = value.encode() if type(value) is str else _arg(value)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class ReplyBuffer:
+    """The bytes read from one connection, and the whole RESP2 replies in them, in order.
+
+    Both drivers read through one: the sync :class:`~django_redlock.core.nodes.Wire` and the asyncio
+    protocol (:class:`~django_redlock.core.anodes.AConn`).
+    """
+
+    __slots__ = ("_buf", "_pos")
+
+    #: What :meth:`next` returns while the next reply has not fully arrived.
+    INCOMPLETE = _INCOMPLETE
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def pending(self) -> bool:
+        """True while bytes of a reply not yet returned are buffered."""
+        return self._pos < len(self._buf)
+
+    def next(self) -> Any:
+        """The next whole reply (an error reply as its exception object), or :attr:`INCOMPLETE`.
+
+        Raises :class:`ValueError` for bytes that are not RESP2.
+        """
+        buf = self._buf
+        # A whole reply always ends with CRLF: do not re-parse a partial one after every read.
+        if self._pos >= len(buf) or not buf.endswith(b"\r\n"):
+            return _INCOMPLETE
+        reply, after = _parse(buf, self._pos)
+        if reply is not _INCOMPLETE:
+            if after == len(buf):
+                buf.clear()
+                after = 0
+            self._pos = after
+        return reply
+
+
+INCOMPLETE = _INCOMPLETE
+USUAL = _USUAL
