@@ -4,7 +4,7 @@ Runs the contention scenario of ``bench.py`` (workers taking turns on one key,
 holding it ~1 ms) with two probes that do not change the engine:
 
 - in each worker, every fan-out round of the sync engine is timed (wrapping
-  ``django_redlock.core.manager.fanout``): its kind (acquire vote "join"/"wait",
+  ``django_redlock.core.sync_manager.fanout``): its kind (acquire vote "join"/"wait",
   release), when it started and when it returned;
 - ``redis-cli monitor`` on every node logs when each node ran the release's
   DEL and the next holder's SET (server clock = the same wall clock).
@@ -46,7 +46,7 @@ KEY = "profile-handoff"
 
 
 def worker(urls, seconds, hold, barrier, queue, index, rest=0.0):
-    from django_redlock.core import LockManager, manager as manager_module, scripts
+    from django_redlock.core import LockManager, scripts, sync_manager as manager_module
 
     acquire_script = getattr(scripts, "ACQUIRE", None)  # absent before the waiting line: a plain SET
 

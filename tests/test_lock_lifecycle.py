@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from django_redlock.core import Hooks, LockManager
-from django_redlock.core import manager as manager_module
+from django_redlock.core import sync_manager as manager_module
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 from tests.conftest import eventually

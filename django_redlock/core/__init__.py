@@ -9,10 +9,10 @@ Use it directly from any Python program::
         ...
 """
 
-from django_redlock.core.aio import AsyncLock, AsyncLockManager
+from django_redlock.core.async_manager import AsyncLock, AsyncLockManager
 from django_redlock.core.base import Hooks
 from django_redlock.core.lock import Lock
-from django_redlock.core.manager import LockManager
+from django_redlock.core.sync_manager import LockManager
 from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
 
 __all__ = [

@@ -18,7 +18,7 @@ from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
-    from django_redlock.core.manager import LockManager, ManagerBase
+    from django_redlock.core.sync_manager import LockManager, ManagerBase
 
 __all__ = ["HeldLocks", "Lock", "LockBase", "caller"]
 
@@ -175,7 +175,7 @@ class HeldLocks:
 
 
 class LockBase:
-    """State shared by :class:`Lock` and :class:`~django_redlock.core.aio.AsyncLock`."""
+    """State shared by :class:`Lock` and :class:`~django_redlock.core.async_manager.AsyncLock`."""
 
     manager: ManagerBase
 

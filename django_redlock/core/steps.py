@@ -11,8 +11,8 @@ resumed with its result:
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
-The sync driver (:func:`django_redlock.core.manager.run`), the asyncio driver
-(:func:`django_redlock.core.aio.arun`) and the test suite's simulator run the
+The sync driver (:func:`django_redlock.core.sync_manager.run`), the asyncio driver
+(:func:`django_redlock.core.async_manager.arun`) and the test suite's simulator run the
 same operations.
 """
 

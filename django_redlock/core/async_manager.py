@@ -15,7 +15,7 @@ from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
-from django_redlock.core.manager import ManagerBase, status_of
+from django_redlock.core.sync_manager import ManagerBase, status_of
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import RELEASE
 
