@@ -450,7 +450,7 @@ def _release_async_lock_sync(lock: Any) -> None:
 def _start_async_keeper(lock: Any) -> Any:
     import asyncio
 
-    from django_redlock.core.aio import _keep_alive
+    from django_redlock.core.async_manager import _keep_alive
 
     return asyncio.ensure_future(_keep_alive(lock, None, None))
 
