@@ -176,13 +176,18 @@ class _Runner:
         name = task.name if task is not None else getattr(self.func, "__qualname__", repr(self.func))
         resource = self.spec.format(args, kwargs)
         conf.check_max_ttl(self.ttl)
-        manager = get_lock_manager()
         label = self.label if self.label is not None else _label(task)
+        waits = self.when_locked == "wait"
+        hold = get_lock_manager().lock(
+            resource,
+            self.ttl,
+            blocking=waits,
+            timeout=self.wait_timeout if waits else None,
+            label=label,
+            auto_extend=self.auto_extend,
+        )
         try:
-            if self.when_locked == "wait":
-                lock = manager.acquire(resource, self.ttl, blocking=True, timeout=self.wait_timeout, label=label)
-            else:
-                lock = manager.acquire(resource, self.ttl, blocking=False, label=label)
+            lock = hold.__enter__()
         except QuorumUnavailable:
             # Nobody can hold the lock: an outage, never a skip or an ordinary retry.
             raise
@@ -196,23 +201,20 @@ class _Runner:
                 logger.info("Task %s retries in %d s: %r is locked.", _describe(task, name), countdown, error.resource)
                 raise task.retry(countdown=countdown, exc=error) from None
             raise
-        if self.auto_extend:
-            manager._watch(lock, None, None)
         token = _current.set(lock)
         try:
             result = self.func(*args, **kwargs)
         except BaseException as exc:
             _current.reset(token)
-            lock.release()
-            if lock._lost_error() is not None and not isinstance(exc, Retry):
+            # Asked as if the body had ended well, for the log line: the body's own exception goes on.
+            if hold.leave() is not None and not isinstance(exc, Retry):
                 logger.error(
                     "Task %s raised %s and its lock %r was lost while it ran (%s).",
                     _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
                 )
             raise
         _current.reset(token)
-        lock.release()
-        lost = lock._lost_error()  # found by the watchdog while the body ran, or by the release itself
+        lost = hold.leave()  # found by the watchdog while the body ran, or by the release itself
         if lost is not None:
             raise LockLost(
                 f"Task {_describe(task, name)}: {lost} (while the task ran); the task's result is discarded.",

@@ -15,9 +15,10 @@ from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
-from django_redlock.core.sync_manager import ManagerBase, status_of
+from django_redlock.core.sync_manager import LockManager, ManagerBase, status_of
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.scripts import RELEASE
+from django_redlock.exceptions import LockLost
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
 
@@ -87,27 +88,35 @@ class AsyncLock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.release()
-        error = self._lost_error()
-        if error is not None and exc_type is None:
+        error = self._loss_to_report(exc_type is not None)
+        if error is not None:
             raise error
 
 
-class AsyncLockContext(ContextBase):
-    """``async with manager.lock(...) as lock:``; auto-extension runs as a task on the loop."""
+class AsyncLockContext(ContextBase[AsyncLock]):
+    """``async with manager.lock(...) as lock:``; auto-extension runs as a task on the loop.
+
+    Code that cannot use an ``async with`` block (a response streamed after its
+    view returned) awaits :meth:`__aenter__` and, later, :meth:`leave`, or
+    :meth:`leave_from_thread` from a thread the loop does not run.
+    """
 
     manager: AsyncLockManager
     _task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncLock:
         lock = await self.manager.acquire(self.resource, **self.kwargs)
-        self.lock = lock
-        if self.auto_extend and lock._depth == 1:
+        self._task = None
+        if self._entered(lock):
             self._task = asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost))
         return lock
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def leave(self, raised: bool = False) -> LockLost | None:
+        """Stop keeping the lock alive and release it (this entry of it); return the loss to report,
+        or None (see :meth:`LockBase._loss_to_report`). Idempotent: only the first call releases."""
+        lock = self._leaving()
+        if lock is None:
+            return None
         try:
             if self._task is not None:
                 self._task.cancel()
@@ -115,8 +124,31 @@ class AsyncLockContext(ContextBase):
                 # of the caller still propagates, after the release below.
                 await asyncio.wait({self._task})
         finally:
-            if self.lock is not None:
-                await self.lock.__aexit__(exc_type, exc, tb)
+            await lock.release()
+        return lock._loss_to_report(raised)
+
+    def leave_from_thread(self, via: LockManager) -> LockLost | None:
+        """:meth:`leave` from a thread without this lock's loop (a server closing a streamed
+        response): the release goes through ``via``, a manager of the same nodes."""
+        lock = self._leaving()
+        if lock is None:
+            return None
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                task.get_loop().call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop is closed
+                pass
+        if lock._start_release():
+            lock._judge_release(via._release_keys(lock.resources, lock.value, place=lock._place))
+        return lock._loss_to_report()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        error = await self.leave(exc_type is not None)
+        if error is not None:
+            raise error
 
 
 def _keep_alive(

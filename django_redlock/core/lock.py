@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures.thread import _WorkItem
 from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django_redlock.core import base, forks, steps
 from django_redlock.core.nodes import Failure, fanout
@@ -335,15 +335,18 @@ class LockBase:
             failures=failures,
         )
 
-    def _lost_error(self) -> LockLost | None:
-        """After the release: the error telling the holder it ran without its lock, or None.
+    def _loss_to_report(self, raised: bool = False) -> LockLost | None:
+        """The one rule for reporting a loss, asked once the lock is released: the error telling the
+        holder's caller it ran without its lock, or None.
 
-        Every holder asks this once its code is done (``with``, ``@redlock``, ``RedlockMixin``,
+        None when the lock was not lost, in a forked child (the parent holds it), and when the held
+        code raised (``raised``): its own exception goes on, the loss was logged and sent to the
+        ``lost`` hook. Every hold asks it (``with``, ``async with``, ``@redlock``, ``RedlockMixin``,
         ``@redlock_command``, ``@redlock_task``): a lost lock is never only a log line.
         """
-        if self.lost and not self._forked():
-            return base.lost_error(self.resource, self.lost_reason or "it expired while held")
-        return None
+        if raised or not self.lost or self._forked():
+            return None
+        return base.lost_error(self.resource, self.lost_reason or "it expired while held")
 
     def _check_extendable(self, ttl: Any, counted: bool) -> float:
         if self._forked():
@@ -577,13 +580,19 @@ class Lock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-        error = self._lost_error()
-        if error is not None and exc_type is None:
+        error = self._loss_to_report(exc_type is not None)
+        if error is not None:
             raise error
 
 
-class ContextBase:
-    """Arguments of ``manager.lock(...)``, checked before anything is acquired."""
+_L = TypeVar("_L", bound="LockBase")
+
+
+class ContextBase(Generic[_L]):
+    """A hold: ``manager.lock(...)``'s arguments, checked before anything is acquired, and the lock
+    once entered. It owns the lock's whole life: acquire (waiting, reentrancy, several resources),
+    keep-alive (``auto_extend``, ``max_hold``, ``on_lost``), release, and the loss report
+    (:meth:`LockBase._loss_to_report`)."""
 
     def __init__(
         self,
@@ -602,15 +611,32 @@ class ContextBase:
         if on_lost is not None and not callable(on_lost):
             raise ValueError("on_lost must be a callable taking the lock, or None.")
         self.on_lost = on_lost
-        self.lock: Any = None
+        #: The lock, once entered.
+        self.lock: _L | None = None
+        self._left = True  # nothing to leave until entered
+
+    def _entered(self, lock: _L) -> bool:
+        """Note the lock just acquired; True when this entry is to keep it alive (a re-entered
+        lock is kept alive by its outer entry, or not at all)."""
+        self.lock, self._left = lock, False
+        return self.auto_extend and lock._depth == 1
+
+    def _leaving(self) -> _L | None:
+        """The lock to release now, once: None when not entered or already left."""
+        if self._left:
+            return None
+        self._left = True
+        return self.lock
 
 
-class LockContext(ContextBase):
+class LockContext(ContextBase[Lock]):
     """``with manager.lock(...) as lock:`` acquires on entry and releases on exit.
 
     If the lock was lost while the block ran (expired, or auto-extension failed)
     and the block raised nothing, exiting raises
     :class:`~django_redlock.exceptions.LockLost`: a lost lock is never silent.
+    Code that cannot use a ``with`` block (a response streamed after its view
+    returned) calls :meth:`__enter__` and, later, :meth:`leave`.
     """
 
     manager: LockManager
@@ -619,18 +645,25 @@ class LockContext(ContextBase):
         steps.engine_calls.depth += 1  # until the with block owns the lock: a stop here would leave it
         try:
             lock = self.manager.acquire(self.resource, **self.kwargs)
-            self.lock = lock
-            if self.auto_extend and lock._depth == 1:  # a re-entered lock is already kept alive, or not
+            if self._entered(lock):
                 self.manager._watch(lock, self.max_hold, self.on_lost)
             return lock
         finally:
             # Not leave(): a stop sent again here could land before the with block owns the lock.
             steps.engine_calls.depth -= 1
 
+    def leave(self, raised: bool = False) -> LockLost | None:
+        """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,
+        or None (see :meth:`LockBase._loss_to_report`). Idempotent: only the first call releases."""
+        lock = self._leaving()
+        if lock is None:
+            return None
+        lock.release()
+        return lock._loss_to_report(raised)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        lock = self.lock
-        if lock is None:
-            return
-        lock.__exit__(exc_type, exc, tb)
+        error = self.leave(exc_type is not None)
+        if error is not None:
+            raise error

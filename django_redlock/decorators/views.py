@@ -1,0 +1,215 @@
+"""``@redlock`` for views (sync and async) and functions, and ``RedlockMixin`` for class-based views:
+thin adapters over the hold, ``manager.lock()``."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+
+from django_redlock import conf
+from django_redlock.core import base
+from django_redlock.core.async_manager import AsyncLockContext
+from django_redlock.core.lock import LockContext
+from django_redlock.decorators.answers import answer_loss, locked_handler
+from django_redlock.decorators.keys import Keys, KeysSpec, find_request
+from django_redlock.exceptions import LockNotAcquired
+
+__all__ = ["RedlockMixin", "redlock"]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def redlock(
+    key: KeysSpec,
+    ttl: float | None = None,
+    *,
+    blocking: bool = False,
+    timeout: float | None = None,
+    label: str | None = None,
+    auto_extend: bool = False,
+    on_locked: Callable[..., HttpResponse] | str | None = None,
+    reentrant: bool = False,
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Run the decorated view or function while holding a Redlock.
+
+    ``key`` is a format string filled from the call's arguments (for views:
+    the URL kwargs and ``request``, e.g. ``"invoice-{pk}"`` or
+    ``"user-{request.user.pk}"``), or a callable taking the same arguments.
+    A list of format strings (``["account-{src}", "account-{dst}"]``), or a
+    callable returning a list, locks those resources together, all or
+    nothing. ``reentrant=True`` lets a call made while the same thread
+    (or task) already holds the lock enter it again instead of failing.
+    A view whose lock is held answers 423 Locked with ``Retry-After``
+    (``on_locked`` or ``REDLOCK['LOCKED_RESPONSE']`` replaces that); a plain
+    function raises :class:`~django_redlock.exceptions.LockNotAcquired`.
+    The lock is released when the call returns or raises; for a streaming
+    response, once the stream has been consumed or closed. If the lock was
+    lost while the code ran, a view answers 500 (:func:`lost_response`) and a
+    plain function raises :class:`~django_redlock.exceptions.LockLost`, as
+    ``with manager.lock()`` does; an exception of the code's own goes on as it
+    is. A ``ttl`` above ``REDLOCK['MAX_TTL']`` raises :class:`ValueError` when
+    the view is called.
+    """
+    if ttl is not None:
+        base.check_ttl(ttl, 1.0)
+    base.check_wait(blocking, timeout)
+    base.check_flag(reentrant, "reentrant")
+
+    def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            name = getattr(func, "__qualname__", repr(func))
+            raise TypeError(
+                f"@redlock cannot lock {name}(), a generator function: calling it returns before its body "
+                "runs, so the lock would be released first. Take the lock inside the generator instead: "
+                "with manager.lock(...) (async with for an async generator)."
+            )
+        spec = Keys(key, func)
+        options: dict[str, Any] = {
+            "ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant
+        }
+
+        if iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+                from django_redlock.manager import get_async_lock_manager
+
+                resource = spec.format(args, kwargs)
+                conf.check_max_ttl(ttl)
+                hold = get_async_lock_manager().lock(resource, auto_extend=auto_extend, **options)
+                return await _run_held_async(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked)
+
+            # func is a coroutine function: so is the wrapper, with func's parameters and result.
+            return cast("Callable[_P, _R]", async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+            from django_redlock.manager import get_lock_manager
+
+            resource = spec.format(args, kwargs)
+            conf.check_max_ttl(ttl)
+            hold = get_lock_manager().lock(resource, auto_extend=auto_extend, **options)
+            return _run_held(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked)
+
+        return wrapper
+
+    return decorator
+
+
+def _run_held(hold: LockContext, call: Callable[[], Any], request: HttpRequest | None, on_locked: Any) -> Any:
+    """Run ``call`` in ``hold``; a held lock is answered by ``on_locked`` for a view, raised otherwise."""
+    try:
+        lock = hold.__enter__()
+    except LockNotAcquired as error:
+        if request is None:
+            raise
+        return locked_handler(on_locked)(request, error)
+    try:
+        result = call()
+    except BaseException:
+        hold.leave(raised=True)
+        raise
+    if _is_streaming(result) and not lock.lost:
+        return _leave_after_stream(result, hold.leave)
+    return answer_loss(hold.leave(), result, request)
+
+
+async def _run_held_async(
+    hold: AsyncLockContext, call: Callable[[], Awaitable[Any]], request: HttpRequest | None, on_locked: Any
+) -> Any:
+    """:func:`_run_held` for a coroutine function."""
+    try:
+        lock = await hold.__aenter__()
+    except LockNotAcquired as error:
+        if request is None:
+            raise
+        return locked_handler(on_locked)(request, error)
+    try:
+        result = await call()
+    except BaseException:
+        await hold.leave(raised=True)
+        raise
+    if _is_streaming(result) and not lock.lost:
+
+        def leave() -> None:
+            # Closed by the server from a worker thread: released through the sync manager's connections.
+            from django_redlock.manager import get_lock_manager
+
+            hold.leave_from_thread(get_lock_manager())
+
+        return _leave_after_stream(result, leave)
+    return answer_loss(await hold.leave(), result, request)
+
+
+def _is_streaming(result: Any) -> bool:
+    return isinstance(result, HttpResponseBase) and getattr(result, "streaming", False)
+
+
+def _leave_after_stream(response: Any, leave: Callable[[], Any]) -> Any:
+    """Leave the hold once the server has sent the stream and closed the response."""
+    closers = getattr(response, "_resource_closers", None)
+    if closers is not None:
+        closers.append(leave)
+    else:  # pragma: no cover - every supported Django has _resource_closers
+        leave()
+    return response
+
+
+class RedlockMixin:
+    """Class-based views: hold a Redlock around ``dispatch``.
+
+    Set ``redlock_key`` to a format string over the URL kwargs, ``request``
+    and ``view`` (``"report-{pk}"``, ``"user-{request.user.pk}"``), or
+    override :meth:`get_redlock_key`; a list of format strings locks them
+    together. ``redlock_ttl``, ``redlock_blocking``, ``redlock_timeout``,
+    ``redlock_reentrant`` and ``redlock_on_locked`` work as the arguments of
+    :func:`redlock`; a lock lost while the view ran is answered as there.
+    """
+
+    redlock_key: str | list[str] | None = None
+    redlock_ttl: float | None = None
+    redlock_blocking: bool = False
+    redlock_timeout: float | None = None
+    redlock_reentrant: bool = False
+    redlock_on_locked: Callable[..., HttpResponse] | str | None = None
+
+    def get_redlock_key(self) -> str | list[str]:
+        """The resource to lock for this request (or the resources, together)."""
+        if not self.redlock_key:
+            raise ImproperlyConfigured(f"{type(self).__name__} needs redlock_key or a get_redlock_key() method.")
+        spec = Keys(self.redlock_key, None)
+        kwargs: dict[str, Any] = dict(self.kwargs)  # type: ignore[attr-defined]
+        resources: str | list[str] = spec.format((), kwargs, {"request": self.request, "view": self})  # type: ignore[attr-defined]
+        return resources
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        from django_redlock.manager import get_lock_manager
+
+        if _is_api_view(self):
+            request._redlock_api = True  # type: ignore[attr-defined]  # answered in JSON, as @redlock does
+        resource = self.get_redlock_key()
+        conf.check_max_ttl(self.redlock_ttl)
+        hold = get_lock_manager().lock(
+            resource,
+            self.redlock_ttl,
+            blocking=self.redlock_blocking,
+            timeout=self.redlock_timeout,
+            reentrant=self.redlock_reentrant,
+        )
+        dispatch = super().dispatch  # type: ignore[misc]
+        return _run_held(hold, lambda: dispatch(request, *args, **kwargs), request, self.redlock_on_locked)
+
+
+def _is_api_view(view: Any) -> bool:
+    """True for a REST framework view (never imports REST framework)."""
+    views = sys.modules.get("rest_framework.views")
+    return views is not None and isinstance(view, views.APIView)
