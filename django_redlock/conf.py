@@ -2,7 +2,8 @@
 
 Nothing is read at import. :func:`get_config` overlays the user's ``REDLOCK``
 on :data:`DEFAULTS` once and caches the result; a ``setting_changed`` signal
-for either setting clears the cache and closes the managers built from it.
+for either setting clears the cache (and :mod:`django_redlock.manager` closes the
+managers built from it).
 """
 
 from __future__ import annotations
@@ -185,10 +186,12 @@ def cache_client(alias: str, index: int) -> Any:
     return get_client(write=True)
 
 
+#: The settings a lock manager is built from: a change clears the cache here, and
+#: :mod:`django_redlock.manager` forgets the managers built from them.
+SETTINGS = ("REDLOCK", "REDLOCK_NODES", "CACHES")
+
+
 @receiver(setting_changed)
 def _reset(setting: str, **kwargs: Any) -> None:
-    if setting in ("REDLOCK", "REDLOCK_NODES", "CACHES"):
+    if setting in SETTINGS:
         get_config.cache_clear()
-        from django_redlock import manager
-
-        manager.reset()

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from django_redlock import conf, signals
 from django_redlock.core import AsyncLockManager, Hooks, LockManager, forks
@@ -117,3 +119,9 @@ def reset() -> None:
     sync = old.get("sync")
     if sync is not None:
         sync.close()
+
+
+@receiver(setting_changed)
+def _settings_changed(setting: str, **kwargs: Any) -> None:
+    if setting in conf.SETTINGS:
+        reset()
