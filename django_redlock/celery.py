@@ -36,7 +36,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf
 from django_redlock.core import Lock, base
-from django_redlock.decorators import Keys, KeysSpec, retry_after_seconds
+from django_redlock.adapters.answers import retry_after_seconds
+from django_redlock.adapters.keys import Keys, KeysSpec
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = ["SKIPPED", "RedlockTask", "WhenLocked", "current_lock", "redlock_task"]

@@ -14,7 +14,8 @@ from typing import Any
 
 from django.http import HttpResponse
 
-from django_redlock.decorators import find_request, locked_response, lost_response
+from django_redlock.adapters.answers import locked_response, lost_response
+from django_redlock.adapters.keys import find_request
 from django_redlock.exceptions import LockLost, LockNotAcquired
 
 __all__ = ["exception_handler"]

@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf
 from django_redlock.core import base
-from django_redlock.decorators.keys import Key, KeySpec
-from django_redlock.decorators.stop import Guard
+from django_redlock.adapters.keys import Key, KeySpec
+from django_redlock.adapters.stop import Guard
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 
 __all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "redlock_command"]

@@ -18,8 +18,8 @@ from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.core.async_manager import AsyncLockContext
 from django_redlock.core.lock import LockContext
-from django_redlock.decorators.answers import answer_loss, locked_handler
-from django_redlock.decorators.keys import Keys, KeysSpec, find_request
+from django_redlock.adapters.answers import answer_loss, locked_handler
+from django_redlock.adapters.keys import Keys, KeysSpec, find_request
 from django_redlock.exceptions import LockNotAcquired
 
 __all__ = ["RedlockMixin", "redlock"]

@@ -1,10 +1,9 @@
 """``@redlock`` for views (sync and async) and functions; ``@redlock_command`` for management commands.
 
-Each is a thin adapter over the hold, ``manager.lock()``: keys (:mod:`.keys`), what a view answers
-(:mod:`.answers`), views (:mod:`.views`), commands (:mod:`.commands`) and their stop guard (:mod:`.stop`).
+Each is a thin adapter over the hold, ``manager.lock()``; they live in :mod:`django_redlock.adapters`, by topic.
 """
 
-from django_redlock.decorators.answers import (
+from django_redlock.adapters.answers import (
     LOCKED_DETAIL,
     LOST_DETAIL,
     UNAVAILABLE_DETAIL,
@@ -13,9 +12,9 @@ from django_redlock.decorators.answers import (
     retry_after_seconds,
     wants_json,
 )
-from django_redlock.decorators.commands import EXIT_LOCKED, EXIT_LOST, EXIT_NODES_UNAVAILABLE, redlock_command
-from django_redlock.decorators.keys import Key, Keys, KeySpec, KeysSpec, find_request
-from django_redlock.decorators.views import RedlockMixin, redlock
+from django_redlock.adapters.commands import EXIT_LOCKED, EXIT_LOST, EXIT_NODES_UNAVAILABLE, redlock_command
+from django_redlock.adapters.keys import Key, Keys, KeySpec, KeysSpec, find_request
+from django_redlock.adapters.views import RedlockMixin, redlock
 
 __all__ = [
     "EXIT_LOCKED",
