@@ -207,18 +207,23 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     nodes on one host, eviction policies that could drop lock keys, and
     nodes declared ``FSYNC_ALWAYS`` whose CONFIG says otherwise.
     """
-    from django_redlock.core.nodes import Failure, fanout, parse_info
+    from django_redlock.core import LockManager, steps
+    from django_redlock.core.nodes import Failure, parse_info
 
     nodes, bad = _node_errors()
     if bad:
         return []  # reported by check_settings
     errors: list[Any] = []
-    infos = fanout(nodes, [("INFO", "server")] * len(nodes), timeout=1.0)
-    replication = fanout(nodes, [("INFO", "replication")] * len(nodes), timeout=1.0)
-    roles = fanout(nodes, [("ROLE",)] * len(nodes), timeout=1.0)
-    policies = fanout(nodes, [("CONFIG", "GET", "maxmemory-policy")] * len(nodes), timeout=1.0)
-    aof = fanout(nodes, [("CONFIG", "GET", "appendonly")] * len(nodes), timeout=1.0)
-    fsync = fanout(nodes, [("CONFIG", "GET", "appendfsync")] * len(nodes), timeout=1.0)
+    manager = LockManager(nodes)
+    questions = [
+        ("INFO", "server"),
+        ("INFO", "replication"),
+        ("ROLE",),
+        ("CONFIG", "GET", "maxmemory-policy"),
+        ("CONFIG", "GET", "appendonly"),
+        ("CONFIG", "GET", "appendfsync"),
+    ]
+    infos, replication, roles, policies, aof, fsync = manager._run(steps.ask(len(nodes), questions, 1.0))
     run_ids: dict[str, list[str]] = {}
     for node, appendonly, appendfsync in zip(nodes, aof, fsync):
         # What CONFIG says now only warns; the declaration alone decides the vote.
@@ -269,6 +274,5 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             errors.append(
                 Warning(Messages.SAME_HOST.format(nodes=", ".join(names), host=host), hint=Hints.SAME_HOST, id=Codes.SAME_HOST)
             )
-    for node in nodes:
-        node.close()
+    manager.close()
     return errors

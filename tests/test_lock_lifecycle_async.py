@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from django_redlock.core import AsyncLockManager, Hooks
+from django_redlock.core import steps
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockLost, QuorumUnavailable
 
@@ -108,19 +109,19 @@ async def test_async_extension_landing_after_a_clean_release_is_not_a_loss(serve
 
     mgr = AsyncLockManager(servers.urls, retry_count=0, restart_window=0, hooks=Record())
     extending, released, judged = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    real_fanout = mgr._fanout
+    real_perform = mgr._perform
 
-    async def fanout(commands, timeout=None, **kwargs):
-        if kwargs.get("script") is EXTEND and not extending.is_set():
+    async def perform(effect):
+        if isinstance(effect, steps.Fan) and effect.script is EXTEND and not extending.is_set():
             extending.set()
             await released.wait()  # the release runs while this EXTEND is "on the wire"
             try:
-                return await real_fanout(commands, timeout, **kwargs)
+                return await real_perform(effect)
             finally:
                 asyncio.get_running_loop().call_soon(judged.set)
-        return await real_fanout(commands, timeout, **kwargs)
+        return await real_perform(effect)
 
-    mgr._fanout = fanout
+    mgr._perform = perform
     on_lost = []
     try:
         ctx = mgr.lock("inflight", ttl=0.3, auto_extend=True, on_lost=on_lost.append)

@@ -4,20 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, cast
 
-from django_redlock.core import base, clock, ledger, steps
+from django_redlock.core import base, clock, steps
 from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
-from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
-from django_redlock.core.sync_manager import LockManager, ManagerBase, status_of
+from django_redlock.core.listing import Rows
+from django_redlock.core.sync_manager import LockManager, ManagerBase
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.scripts import RELEASE
 from django_redlock.exceptions import LockLost
 
 __all__ = ["AsyncLock", "AsyncLockManager"]
@@ -36,42 +34,26 @@ class AsyncLock(LockBase):
         await self._extend(ttl, automatic=False)
 
     async def _extend(self, ttl: float | None, *, automatic: bool) -> None:
-        manager = self.manager
-        await manager._run(steps.extend(self, ttl, automatic, manager.quorum, len(manager.node_list)))
+        await self.manager._run(self.manager._extending(self, ttl, automatic))
 
     async def release(self) -> bool:
-        """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`."""
-        started = self._start_release()
-        if started is None:
-            return True
-        if not started:
-            return False
-        self.manager._forget(self)
-        results = await self.manager._release_keys(self.resources, self.value, place=self._place)
-        return self._judge_release(results)
+        """Delete this holder's key on every node; idempotent; never raises. See :meth:`Lock.release`.
+
+        A cancelled caller leaves the release to a background task, which runs it to its end."""
+        return cast(bool, await self.manager._run(steps.release(self)))
 
     async def owned(self) -> bool:
         """Ask the nodes whether this holder still holds the lock; see :meth:`Lock.owned`."""
-        if not self._can_ask():
-            return False
-        results = await self._read_values()
-        held = self._judge_owned(results)
-        if held is None:
-            raise self._owned_error(results)
-        return held
+        return cast(bool, await self.manager._run(steps.owned(self)))
 
-    async def _read_values(self) -> list[Any]:
-        """Read the keys on every node, in one fan-out."""
-        total = len(self.manager.node_list)
-        return await self.manager._fanout(
-            [self._read_command()] * total,
-            done=base.until_outcome(self.manager.quorum, total, self._is_ours),
-        )
+    async def _check_owned(self) -> None:
+        """The keep-alive's look (:func:`~django_redlock.core.steps.check_owned`)."""
+        await self.manager._run(steps.check_owned(self))
 
     async def get_fencing_token(self) -> int:
         """The fencing token (computed on first call, then cached); see :attr:`Lock.fencing_token`."""
         if self._fencing_token is None:
-            self._fencing_token = await self.manager._fence(self)
+            self._fencing_token = cast(int, await self.manager._run(self.manager._fencing(self)))
         return self._fencing_token
 
     @property
@@ -139,8 +121,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
                 task.get_loop().call_soon_threadsafe(task.cancel)
             except RuntimeError:  # its loop is closed
                 pass
-        if lock._start_release():
-            lock._judge_release(via._release_keys(lock.resources, lock.value, place=lock._place))
+        via._release(lock)
         return lock._loss_to_report()
 
     async def __aexit__(
@@ -189,7 +170,7 @@ async def _keep_alive_loop(watch: Any) -> None:
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)
         elif action == "check" and lock._can_ask():
-            lock._judge_owned(await lock._read_values())
+            await lock._check_owned()
         if action == "stop" or lock.lost or lock.released:
             return
         now = clock.now()
@@ -228,9 +209,6 @@ class AsyncLockManager(ManagerBase):
             self._anodes = [AsyncNode(node) for node in self.node_list]
         return self._anodes
 
-    async def _fanout(self, commands: Sequence[Any], timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        return await afanout(self.anodes, commands, timeout=timeout or self.config.node_timeout, **kwargs)
-
     async def acquire(
         self,
         resource: Resources,
@@ -256,26 +234,22 @@ class AsyncLockManager(ManagerBase):
 
     async def _run(self, step: steps.Step) -> Any:
         """Drive a step on the running loop; an exception (a cancellation) is thrown into it."""
-        send: Any = None
-        error: BaseException | None = None
-        while True:
+        run = steps.Run(step)
+        while run.going:
+            error: BaseException | None = None
             try:
-                effect = step.throw(error) if error is not None else step.send(send)
-            except StopIteration as stop:
-                return stop.value
-            error = None
-            try:
-                send = await self._perform(effect)
+                result = await self._perform(run.effect)
             except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
-                send, error = None, exc
+                result, error = None, exc
+            run.resume(result, error)
+        return run.value
 
     async def _perform(self, effect: Any) -> Any:
-        """Do what a step asks for, on the running loop."""
+        """Do what a step asks for, on the running loop: the one place the async engine meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            return await self._fanout(effect.commands, effect.timeout, **effect.options())
-        if effect is steps.NOW:
-            return self.config.clock()
+            timeout = effect.timeout or self.config.node_timeout
+            return await afanout(self.anodes, effect.commands, timeout=timeout, **effect.options())
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
             return None
@@ -285,9 +259,7 @@ class AsyncLockManager(ManagerBase):
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
             return None
-        if effect is steps.WALL:
-            return time.time_ns() // 1000
-        raise TypeError(f"unknown step effect {effect!r}")
+        return steps.answer(self.config, effect)
 
     def lock(
         self,
@@ -309,19 +281,15 @@ class AsyncLockManager(ManagerBase):
 
     async def is_locked(self, resource: str) -> bool:
         """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""
-        step = read_locked(self.config, self.node_list, self.quorum, resource)
-        return cast(bool, await self._run(step))
+        return cast(bool, await self._run(self._locked(resource)))
 
     async def force_release(self, resource: str) -> int:
+        """Async version of :meth:`LockManager.force_release`."""
         return (await self.force_release_detail(resource)).deleted
 
     async def force_release_detail(self, resource: str) -> ForcedRelease:
-        key = self.key(resource)
-        timeout = max(self.config.node_timeout, 0.5)
-        results = await self._fanout([("DEL", key)] * len(self.node_list), timeout)
-        wake = self.config.release_command((resource,), "")  # wake whoever waits in line
-        await self._fanout([wake] * len(self.node_list), timeout, script=RELEASE)
-        return base.forced_release(resource, self.node_list, results)
+        """Async version of :meth:`LockManager.force_release_detail`."""
+        return cast(ForcedRelease, await self._run(self._forcing(resource)))
 
     async def live_locks(self, match: str | None = None) -> AsyncIterator[LockRecord]:
         """Async version of :meth:`LockManager.live_locks`."""
@@ -332,24 +300,19 @@ class AsyncLockManager(ManagerBase):
         self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
     ) -> LockListing:
         """Async version of :meth:`LockManager.lock_listing`."""
-        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
-        return cast(LockListing, await self._run(step))
+        return cast(LockListing, await self._run(self._listing(match, rows, order)))
 
     async def lock_record(self, resource: str) -> LockRecord | None:
         """Async version of :meth:`LockManager.lock_record`."""
-        step = read_record(self.config, self.node_list, self.quorum, resource)
-        return cast("LockRecord | None", await self._run(step))
+        return cast("LockRecord | None", await self._run(self._record(resource)))
 
     async def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
-        timings: list[float | None] = [None] * len(self.node_list)
-        results = await self._fanout([ledger.PROBE] * len(self.node_list), timeout, timings=timings)
-        window, read = self.config.restart_window, clock.now()
-        return [status_of(*row, window, read) for row in zip(self.node_list, results, timings)]
+        """Async version of :meth:`LockManager.node_status`."""
+        return cast("list[NodeStatus]", await self._run(self._status(timeout)))
 
     async def ping(self, timeout: float | None = None) -> dict[str, float | None]:
-        timings: list[float | None] = [None] * len(self.node_list)
-        await self._fanout([("PING",)] * len(self.node_list), timeout, timings=timings)
-        return {node.name: t for node, t in zip(self.node_list, timings)}
+        """Async version of :meth:`LockManager.ping`."""
+        return cast("dict[str, float | None]", await self._run(self._ping(timeout)))
 
     async def aclose(self) -> None:
         """Close every connection made on the running loop, once the replies still due were read
@@ -362,24 +325,3 @@ class AsyncLockManager(ManagerBase):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    # -- internals used by AsyncLock -------------------------------------
-
-    async def _release_keys(
-        self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
-    ) -> list[Any]:
-        """Release ``value`` on every node; a cancelled caller leaves the release to a background task."""
-        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place, quorum=self.quorum)
-        try:
-            result: list[Any] = await self._perform(fan)
-        except asyncio.CancelledError:
-            await self._perform(steps.Background(fan))
-            raise
-        return result
-
-    async def _fence(self, lock: AsyncLock) -> int:
-        token: int = await self._run(steps.fence(lock, self.config, self.quorum, len(self.node_list)))
-        return token
-
-    def _forget(self, lock: AsyncLock) -> None:
-        """Auto-extension tasks watch ``lock.released`` themselves."""

@@ -39,6 +39,9 @@ __all__ = ["Hooks", "ManagerConfig", "Resources"]
 
 #: What ``acquire()`` and ``lock()`` take: one resource, or several to lock together.
 Resources = str | Iterable[str]
+#: How an ``acquire()`` call votes: "once" (no place in line), "join" (take a place, then vote)
+#: or "wait" (vote when woken).
+Mode = Literal["once", "join", "wait"]
 
 #: Fixed part of the drift allowance (the spec's "2 milliseconds").
 DRIFT_CONSTANT = 0.002
@@ -240,6 +243,8 @@ class ManagerConfig:
         self.restart_window = window
         #: The clock validity is measured on (:mod:`.clock`; the simulator gives each client its own).
         self.clock: Callable[[], float] = clock.now
+        #: The wall clock in microseconds (waiting-line tickets, the floor of fencing tokens).
+        self.wall_us: Callable[[], int] = wall_us
         #: Makes the holder of each attempt (the simulator makes them from its seed).
         self.make_holder: Callable[[str | None], Holder] = new_holder
         timeout = check_seconds(node_timeout, "node_timeout")
@@ -316,6 +321,11 @@ class ManagerConfig:
         low = max(0.0, self.retry_delay - self.retry_jitter)
         high = self.retry_delay + self.retry_jitter
         return random.uniform(low, high)  # noqa: S311 - spreading retries, not secrets
+
+
+def wall_us() -> int:
+    """The wall clock, in whole microseconds."""
+    return time.time_ns() // 1000
 
 
 def quorum_of(total: int) -> int:
@@ -687,8 +697,7 @@ class Attempts:
             self.deadline = math.inf
         else:
             self.deadline = now + config.retry_count * config.retry_delay
-        #: "once" (no place in line), "join" (take a place, then vote) or "wait" (vote when woken).
-        self.mode = "join" if self.deadline > now else "once"
+        self.mode: Mode = "join" if self.deadline > now else "once"
         #: This call's place in every node's line, and its ticket (the order; ties go by place).
         self.place = self.holder.token
         self.ticket = wall

@@ -228,7 +228,7 @@ class Extender:
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)
         elif action == "check" and lock._can_ask():
-            lock._judge_owned(lock._read_values())  # marks it lost when enough nodes say "not ours"
+            lock._check_owned()  # marks it lost when enough nodes say "not ours"
         if action == "stop" or lock.lost or lock.released:
             self._drop(watch, lock)
             return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import threading
@@ -10,10 +9,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures.thread import _WorkItem
 from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from django_redlock.core import base, forks, steps
-from django_redlock.core.nodes import Failure, fanout
+from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
@@ -60,8 +59,9 @@ def _owners() -> Iterator[tuple[Any, str]]:
     """Who is calling, innermost first, each with a name for messages: the running asyncio task; the
     executor calls this thread runs, from the innermost out (an outer one is blocked beneath, e.g.
     in ``async_to_sync``, while an inner one runs for it); the running greenlet, else the thread."""
-    loop = asyncio._get_running_loop()  # None outside a loop, where current_task() would raise
-    task = asyncio.current_task(loop) if loop is not None else None
+    aio = sys.modules.get("asyncio")  # a program that never imported asyncio runs no task
+    loop = aio._get_running_loop() if aio is not None else None  # None outside a loop
+    task = aio.current_task(loop) if aio is not None and loop is not None else None
     if task is not None:
         yield task, f"asyncio task {task.get_name()!r}"
     thread = threading.current_thread()
@@ -482,8 +482,7 @@ class Lock(LockBase):
         self._extend(ttl, automatic=False)
 
     def _extend(self, ttl: float | None, *, automatic: bool) -> None:
-        manager = self.manager
-        steps.run_sync(steps.extend(self, ttl, automatic, manager.quorum, len(manager.node_list)), manager._perform)
+        self.manager._run(self.manager._extending(self, ttl, automatic))
 
     def release(self) -> bool:
         """Delete this holder's key on every node (never another holder's).
@@ -501,20 +500,9 @@ class Lock(LockBase):
         A lock entered again with ``reentrant=True`` is released by its
         outermost release; the inner ones return True and keep it.
         """
-        # The whole call, its hooks' log lines too, is an engine call: a command's stop waits for it
+        # The whole step, its hooks' log lines too, is one engine call: a command's stop waits for it
         # (one landing in a log line's ``with`` can leave the logging module's mutex held).
-        steps.engine_calls.depth += 1
-        try:
-            started = self._start_release()
-            if started is None:
-                return True
-            if not started:
-                return False
-            self.manager._forget(self)
-            results = self.manager._release_keys(self.resources, self.value, place=self._place)
-            return self._judge_release(results)
-        finally:
-            steps.engine_calls.leave()
+        return self.manager._release(self)
 
     def owned(self) -> bool:
         """Ask the nodes whether this holder still holds the lock.
@@ -526,23 +514,11 @@ class Lock(LockBase):
         :class:`~django_redlock.exceptions.QuorumUnavailable` when too few
         nodes answer to tell.
         """
-        if not self._can_ask():
-            return False
-        results = self._read_values()
-        held = self._judge_owned(results)
-        if held is None:
-            raise self._owned_error(results)
-        return held
+        return cast(bool, self.manager._run(steps.owned(self)))
 
-    def _read_values(self) -> list[Any]:
-        """Read the keys on every node, in one fan-out."""
-        nodes = self.manager.node_list
-        return fanout(
-            nodes,
-            [self._read_command()] * len(nodes),
-            timeout=self.manager.config.node_timeout,
-            done=base.until_outcome(self.manager.quorum, len(nodes), self._is_ours),
-        )
+    def _check_owned(self) -> None:
+        """The watchdog's look (:func:`~django_redlock.core.steps.check_owned`)."""
+        self.manager._run(steps.check_owned(self))
 
     @property
     def fencing_token(self) -> int:
@@ -570,7 +546,7 @@ class Lock(LockBase):
         expired before the token was safely written.
         """
         if self._fencing_token is None:
-            self._fencing_token = self.manager._fence(self)
+            self._fencing_token = cast(int, self.manager._run(self.manager._fencing(self)))
         return self._fencing_token
 
     def __enter__(self) -> Lock:

@@ -11,21 +11,46 @@ resumed with its result:
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
-The sync driver (:func:`django_redlock.core.sync_manager.run`), the asyncio driver
-(:func:`django_redlock.core.async_manager.arun`) and the test suite's simulator run the
-same operations.
+Every operation that talks to the nodes is a step. A manager drives one through its
+``_perform(effect)``, the one place where effects meet I/O: :class:`Run` holds the step
+between effects, :func:`answer` gives :data:`NOW` and :data:`WALL` from the manager's
+config, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
+The test suite's simulator gives a manager a ``_perform`` of its own.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import base
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
 
-__all__ = ["NOW", "WALL", "Background", "Fan", "Sleep", "acquire", "adopt", "extend", "fence", "release_fan", "run_sync"]
+if TYPE_CHECKING:
+    from django_redlock.core.lock import LockBase
+    from django_redlock.core.records import ForcedRelease
+
+__all__ = [
+    "NOW",
+    "WALL",
+    "Background",
+    "Fan",
+    "Run",
+    "Sleep",
+    "acquire",
+    "adopt",
+    "answer",
+    "ask",
+    "check_owned",
+    "extend",
+    "fence",
+    "force_release",
+    "owned",
+    "release",
+    "release_fan",
+    "run_sync",
+]
 
 
 class Fan:
@@ -41,6 +66,7 @@ class Fan:
         "restart_window",
         "owe",
         "block",
+        "timings",
     )
 
     def __init__(
@@ -55,6 +81,7 @@ class Fan:
         restart_window: float = 0.0,
         owe: tuple[str, str, float] | None = None,
         block: tuple[tuple[str, ...], float] | None = None,
+        timings: list[float | None] | None = None,
     ) -> None:
         self.commands = commands
         self.timeout = timeout  # None: the node timeout
@@ -65,6 +92,7 @@ class Fan:
         self.restart_window = restart_window
         self.owe = owe
         self.block = block
+        self.timings = timings  # filled in with each node's round-trip time (None: no reply)
 
     def options(self) -> dict[str, Any]:
         return {
@@ -75,6 +103,7 @@ class Fan:
             "restart_window": self.restart_window,
             "owe": self.owe,
             "block": self.block,
+            "timings": self.timings,
         }
 
 
@@ -231,7 +260,7 @@ def _place(plan: base.Attempts) -> str:
     return "" if plan.mode == "once" else plan.place
 
 
-def extend(lock: Any, ttl: Any, automatic: bool, quorum: int, total: int) -> Step:
+def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -> Step:
     """Reset the lock's ttl on a quorum, within its current validity; see :meth:`Lock.extend`.
 
     The caller's own extensions count against ``max_extensions``; automatic ones
@@ -252,7 +281,7 @@ def extend(lock: Any, ttl: Any, automatic: bool, quorum: int, total: int) -> Ste
     lock._judge_extend(results, started, old_deadline, new_ttl, counted)
 
 
-def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Step:
+def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -> Step:
     """Issue ``lock``'s fencing token: read a quorum, raise on a quorum, check the lock still holds."""
     if not lock.locked():
         raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
@@ -273,6 +302,76 @@ def fence(lock: Any, config: base.ManagerConfig, quorum: int, total: int) -> Ste
     )
     base.check_fence_written(lock, writes, token, quorum)
     return token
+
+
+def release(lock: LockBase) -> Step:
+    """A lock's whole release (see :meth:`Lock.release`): leave one entry; on the last, forget its
+    watch, release its value on every node (the round ends at a quorum) and judge the replies.
+
+    An interrupted round (a cancelled caller) is sent again in the background, to its end.
+    """
+    started = lock._start_release()
+    if started is None:
+        return True
+    if not started:
+        return False
+    manager = lock.manager
+    manager._forget(lock)
+    total = len(manager.node_list)
+    fan = release_fan(manager.config, total, lock.resources, lock.value, place=lock._place, quorum=manager.quorum)
+    try:
+        results = yield fan
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Background(fan)
+        raise
+    return lock._judge_release(results)
+
+
+def owned(lock: LockBase) -> Step:
+    """Whether ``lock``'s holder still holds it (see :meth:`Lock.owned`): True, False (then it is
+    marked lost), or QuorumUnavailable raised when too few nodes answer to tell."""
+    if not lock._can_ask():
+        return False
+    results = yield _read_values(lock)
+    held = lock._judge_owned(results)
+    if held is None:
+        raise lock._owned_error(results)
+    return held
+
+
+def check_owned(lock: LockBase) -> Step:
+    """The watchdog's look at a lock: read its keys and judge; a lock that enough nodes no longer
+    store is marked lost, an unclear answer waits for the next look."""
+    lock._judge_owned((yield _read_values(lock)))
+
+
+def _read_values(lock: LockBase) -> Fan:
+    """Read the lock's keys on every node, until a quorum shows its value or too few can."""
+    manager = lock.manager
+    total = len(manager.node_list)
+    return Fan([lock._read_command()] * total, done=base.until_outcome(manager.quorum, total, lock._is_ours))
+
+
+def force_release(config: base.ManagerConfig, nodes: Sequence[Any], resource: str) -> Step:
+    """Delete ``resource``'s lock key on every node, whoever holds it, and wake its waiting line."""
+    key = config.key(base.check_resource(resource))
+    total = len(nodes)
+    timeout = max(config.node_timeout, 0.5)
+    results = yield Fan([("DEL", key)] * total, timeout=timeout)
+    # Wake whoever waits in line (a release of no value: nothing else is touched).
+    yield Fan([config.release_command((resource,), "")] * total, timeout=timeout, script=RELEASE)
+    done: ForcedRelease = base.forced_release(resource, nodes, results)
+    return done
+
+
+def ask(total: int, commands: Sequence[tuple[Any, ...]], timeout: float) -> Step:
+    """Send each of ``commands`` to every node, one round each; the replies, a list per command."""
+    replies = []
+    for command in commands:
+        replies.append((yield Fan([command] * total, timeout=timeout)))
+    return replies
 
 
 class EngineCalls(threading.local):
@@ -296,19 +395,45 @@ class EngineCalls(threading.local):
 engine_calls = EngineCalls()
 
 
+def answer(config: base.ManagerConfig, effect: Any) -> Any:
+    """The effects every driver answers alike, without I/O: :data:`NOW` and :data:`WALL`."""
+    if effect is NOW:
+        return config.clock()
+    if effect is WALL:
+        return config.wall_us()
+    raise TypeError(f"unknown step effect {effect!r}")
+
+
+class Run:
+    """A step being driven: ``effect`` is what it waits for while ``going``, then ``value`` is what
+    it returned. A driver performs the effect and calls :meth:`resume` with the result or the error."""
+
+    __slots__ = ("step", "effect", "going", "value")
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.going = True
+        self.value: Any = None
+        self.resume(None, None)
+
+    def resume(self, result: Any, error: BaseException | None) -> None:
+        """Hand the step the effect's result, or throw the error into it (it may clean up, then re-raise)."""
+        try:
+            self.effect = self.step.throw(error) if error is not None else self.step.send(result)
+        except StopIteration as stop:
+            self.going = False
+            self.value = stop.value
+
+
 def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
-    """Drive ``step`` with ``perform(effect) -> result``; exceptions from ``perform`` are thrown into it."""
-    send: Any = None
-    error: BaseException | None = None
+    """Drive ``step`` with ``perform(effect) -> result`` on this thread, as one engine call
+    (see :class:`EngineCalls`); exceptions from ``perform`` are thrown into it."""
     calls = engine_calls
     calls.depth += 1
     try:
-        while True:
-            try:
-                effect = step.throw(error) if error is not None else step.send(send)
-            except StopIteration as stop:
-                return stop.value
-            error = None
+        run = Run(step)
+        while run.going:
+            effect = run.effect
             waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
             try:
                 # A wait counts for no call this thread is in, LockContext.__enter__'s neither. The
@@ -317,10 +442,12 @@ def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
                 try:
                     if waits:
                         calls.depth = 0
-                    send = perform(effect)
+                    result, error = perform(effect), None
                 finally:
                     calls.depth = depth
             except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
-                send, error = None, exc
+                result, error = None, exc
+            run.resume(result, error)
+        return run.value
     finally:
         calls.leave()

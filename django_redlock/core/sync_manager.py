@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from django_redlock.core import base, clock, ledger, steps
+from django_redlock.core import base, status, steps
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource, quorum_of
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, fanout, parse_nodes
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
-from django_redlock.core.rounds import describe_error
-from django_redlock.core.scripts import RELEASE
+from django_redlock.core.status import status_of
 
-__all__ = ["LockManager"]
+__all__ = ["LockManager", "status_of"]
 
 _L = TypeVar("_L", bound=LockBase)
 
@@ -119,6 +117,35 @@ class ManagerBase:
         self._held.add(lock)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock
+
+    # -- the steps both managers drive ------------------------------------
+
+    def _extending(self, lock: LockBase, ttl: Any, automatic: bool) -> steps.Step:
+        return steps.extend(lock, ttl, automatic, self.quorum, len(self.node_list))
+
+    def _fencing(self, lock: LockBase) -> steps.Step:
+        return steps.fence(lock, self.config, self.quorum, len(self.node_list))
+
+    def _locked(self, resource: str) -> steps.Step:
+        return read_locked(self.config, self.node_list, self.quorum, resource)
+
+    def _forcing(self, resource: str) -> steps.Step:
+        return steps.force_release(self.config, self.node_list, resource)
+
+    def _listing(self, match: str | None, rows: Rows | None, order: str) -> steps.Step:
+        return read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+
+    def _record(self, resource: str) -> steps.Step:
+        return read_record(self.config, self.node_list, self.quorum, resource)
+
+    def _status(self, timeout: float) -> steps.Step:
+        return status.node_status(self.config, self.node_list, timeout)
+
+    def _ping(self, timeout: float | None) -> steps.Step:
+        return status.ping(self.node_list, timeout)
+
+    def _forget(self, lock: Any) -> None:
+        """Stop watching ``lock`` (released); the async keep-alive tasks watch ``lock.released`` themselves."""
 
     def key(self, resource: str) -> str:
         """The Redis key that locks ``resource``."""
@@ -234,7 +261,7 @@ class LockManager(ManagerBase):
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
             return cast(Lock, held)
-        return self._granted(steps.run_sync(step, self._perform), Lock)
+        return self._granted(self._run(step), Lock)
 
     def adopt(
         self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None
@@ -269,24 +296,26 @@ class LockManager(ManagerBase):
         release only act on keys that still store the holder's value.
         """
         step = self._adopting(resource, token, ttl, fencing_token)
-        return self._adopted(steps.run_sync(step, self._perform), Lock, ttl, fencing_token)
+        return self._adopted(self._run(step), Lock, ttl, fencing_token)
+
+    def _run(self, step: steps.Step) -> Any:
+        """Drive a step on this thread (:func:`~django_redlock.core.steps.run_sync`)."""
+        return steps.run_sync(step, self._perform)
 
     def _perform(self, effect: Any) -> Any:
-        """Do what a step asks for, on real sockets and the real clock."""
+        """Do what a step asks for, on real sockets and the real clock: the one place the sync engine
+        meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
             timeout = effect.timeout or self.config.node_timeout
             return fanout(self.node_list, effect.commands, timeout=timeout, **effect.options())
-        if effect is steps.NOW:
-            return self.config.clock()
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
             return None
-        if kind is steps.Background:
-            return self._perform(effect.fan) and None
-        if effect is steps.WALL:
-            return time.time_ns() // 1000
-        raise TypeError(f"unknown step effect {effect!r}")
+        if kind is steps.Background:  # nothing to cancel the caller here: run it now
+            self._perform(effect.fan)
+            return None
+        return steps.answer(self.config, effect)
 
     def lock(
         self,
@@ -339,8 +368,7 @@ class LockManager(ManagerBase):
         nodes answer to tell (never "free" for "unknown"; a node that sits out
         after a restart counts as not answering).
         """
-        step = read_locked(self.config, self.node_list, self.quorum, resource)
-        return cast(bool, steps.run_sync(step, self._perform))
+        return cast(bool, self._run(self._locked(resource)))
 
     def force_release(self, resource: str) -> int:
         """Delete ``resource``'s lock key on every node, whoever holds it.
@@ -352,13 +380,7 @@ class LockManager(ManagerBase):
 
     def force_release_detail(self, resource: str) -> ForcedRelease:
         """:meth:`force_release`, reporting the nodes that did not answer (their key expires by itself)."""
-        key = self.key(resource)
-        nodes = self.node_list
-        timeout = max(self.config.node_timeout, 0.5)
-        results = fanout(nodes, [("DEL", key)] * len(nodes), timeout=timeout)
-        # Wake whoever waits in line (a release of no value: nothing else is touched).
-        fanout(nodes, [self.config.release_command((resource,), "")] * len(nodes), timeout=timeout, script=RELEASE)
-        return base.forced_release(resource, nodes, results)
+        return cast(ForcedRelease, self._run(self._forcing(resource)))
 
     def live_locks(self, match: str | None = None) -> Iterator[LockRecord]:
         """Yield one record per resource with a lock key on any node, sorted by resource.
@@ -385,8 +407,7 @@ class LockManager(ManagerBase):
         resource order), and the listing's ``count`` still tells how many
         resources there are.
         """
-        step = read_listing(self.config, self.node_list, self.quorum, match, rows, order)
-        return cast(LockListing, steps.run_sync(step, self._perform))
+        return cast(LockListing, self._run(self._listing(match, rows, order)))
 
     def lock_record(self, resource: str) -> LockRecord | None:
         """The record of ``resource`` (None when no node holds its key), reading that one key on every node.
@@ -394,24 +415,16 @@ class LockManager(ManagerBase):
         ``resource`` may be any name, even one ``acquire()`` would refuse (a
         key written by something else): it is only read.
         """
-        step = read_record(self.config, self.node_list, self.quorum, resource)
-        return cast("LockRecord | None", steps.run_sync(step, self._perform))
+        return cast("LockRecord | None", self._run(self._record(resource)))
 
     def node_status(self, timeout: float = 1.0) -> list[NodeStatus]:
         """Send every node the restart probe (INFO server and replication, persistence) and judge its
         vote as the engine would; a node that does not answer is reported, not raised."""
-        nodes = self.node_list
-        timings: list[float | None] = [None] * len(nodes)
-        results = fanout(nodes, [ledger.PROBE] * len(nodes), timeout=timeout, timings=timings)
-        window, read = self.config.restart_window, clock.now()
-        return [status_of(*row, window, read) for row in zip(nodes, results, timings)]
+        return cast("list[NodeStatus]", self._run(self._status(timeout)))
 
     def ping(self, timeout: float | None = None) -> dict[str, float | None]:
         """Round-trip time to each node in seconds, or None for a node that did not answer."""
-        nodes = self.node_list
-        timings: list[float | None] = [None] * len(nodes)
-        fanout(nodes, [("PING",)] * len(nodes), timeout=timeout or self.config.node_timeout, timings=timings)
-        return {node.name: timing for node, timing in zip(nodes, timings)}
+        return cast("dict[str, float | None]", self._run(self._ping(timeout)))
 
     def close(self) -> None:
         """Stop watching locks and close every connection. Held locks expire by themselves.
@@ -431,21 +444,10 @@ class LockManager(ManagerBase):
 
     # -- internals used by Lock -----------------------------------------
 
-    def _release_keys(
-        self, resources: tuple[str, ...], value: str, ttl: float | None = None, place: str = ""
-    ) -> list[Any]:
-        """Release ``value`` on every node; a node that does not confirm owes it (paid on its next use)."""
-        fan = steps.release_fan(self.config, len(self.node_list), resources, value, ttl, place, quorum=self.quorum)
-        steps.engine_calls.depth += 1
-        try:
-            result: list[Any] = self._perform(fan)
-        finally:
-            steps.engine_calls.leave()
-        return result
-
-    def _fence(self, lock: Lock) -> int:
-        token: int = steps.run_sync(steps.fence(lock, self.config, self.quorum, len(self.node_list)), self._perform)
-        return token
+    def _release(self, lock: LockBase) -> bool:
+        """Release ``lock`` through this manager's connections (see :func:`~django_redlock.core.steps.release`):
+        also an :class:`~django_redlock.core.AsyncLock`, from a thread its loop does not run."""
+        return cast(bool, self._run(steps.release(lock)))
 
     def _watch(self, lock: Lock, max_hold: float | None, on_lost: Callable[[Lock], Any] | None) -> None:
         self._extender.add(self, lock, max_hold, on_lost)
@@ -453,67 +455,3 @@ class LockManager(ManagerBase):
     def _forget(self, lock: Lock) -> None:
         if self._extender_instance is not None:  # none before the first auto-extended lock
             self._extender_instance.remove(lock)
-
-
-def status_of(node: Node, replies: Any, latency: float | None, window: float, read: float) -> NodeStatus:
-    """Describe a node from its replies to the probe (:data:`~django_redlock.core.ledger.PROBE`:
-    INFO server, INFO replication, CONFIG GET appendonly and appendfsync; read by ``read``), judged
-    as a vote would be. What they show is learned as a probe's is: a failover is noticed here too."""
-    declared = node.fsync_always
-    common: dict[str, Any] = {"host": node.host, "port": node.port, "path": node.path, "fsync_declared": declared}
-    if not isinstance(replies, list):
-        error = str(replies) if replies else "no reply"
-        return NodeStatus(node.name, False, error=error, votes=False, not_voting_reason=error, **common)
-    server, replication, appendonly, appendfsync = replies
-    restart = ledger.learn(replies, read)
-    if restart is not None:
-        node.history.learned(restart)
-    info = ledger.probe_info(replies)
-    persistence: dict[str, bool | str] = {}
-    if ledger.config_value(appendonly):
-        persistence["aof_enabled"] = ledger.config_value(appendonly) == "yes"
-    if ledger.config_value(appendfsync):
-        persistence["appendfsync"] = ledger.config_value(appendfsync)
-    uptime = float(info["uptime_in_seconds"]) if "uptime_in_seconds" in info else None
-    # Only the declaration waives the restart window: what CONFIG says now (shown in ``persistence``)
-    # tells nothing of what the node kept across its last restart.
-    age = ledger.sure_uptime(uptime) if uptime is not None else None
-    sits_out = max(0.0, window - age) if age is not None and not declared and window > 0 else 0.0
-    moved_at = node.history.moved_at  # a failover this process noticed (ledger.History)
-    since = clock.now() - moved_at if moved_at is not None else math.inf
-    refused = describe_error(server) if isinstance(server, Exception) else None
-    passing = next((r for r in (server, replication) if isinstance(r, Exception) and not ledger.denied(r)), None)
-    role = info.get("role")  # None when INFO replication is refused
-    warning = ledger.NO_REPLICATION if refused is None and ledger.denied(replication) else None
-    why: str | None = None  # why the node does not vote (None: it votes)
-    if role is not None and role != "master":
-        why = f"role {role}, not a master"
-    elif window > 0 and since < window:
-        sits_out = max(sits_out, window - since)
-        why = ledger.failed_over(since, window - since)
-    elif passing is not None and window > 0:
-        why = f"INFO failed ({describe_error(passing)}): restart state unknown for now"
-    elif declared:
-        pass
-    elif refused is not None:
-        why = f"INFO refused ({refused}): restart state unknown; grant +info and +config|get, or declare FSYNC_ALWAYS"
-    elif uptime is None:
-        why = "INFO does not tell its uptime: its restart state cannot be known"
-    elif sits_out:
-        why = ledger.sits_out(age or 0.0, sits_out)
-    return NodeStatus(
-        node.name,
-        True,
-        latency=latency,
-        role=role,
-        run_id=info.get("run_id"),
-        version=info.get("redis_version"),
-        uptime=uptime,
-        error=refused,
-        persistence=persistence,
-        sits_out_for=sits_out,
-        votes=why is None,
-        not_voting_reason=why,
-        warning=warning,
-        **common,
-    )
