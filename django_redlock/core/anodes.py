@@ -21,9 +21,9 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
 from django_redlock.core import clock, forks
-from django_redlock.core.nodes import Node, describe
+from django_redlock.core.node_spec import NodeConfig, describe
 from django_redlock.core.resp import ReplyBuffer, pack
-from django_redlock.core.rounds import NEW, PARKED, ConnState, Failure, NodeBooks, NodeUnavailable, Round
+from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.scripts import Script
 
 __all__ = ["AConn", "AsyncNode", "afanout", "settle_and_close"]
@@ -41,7 +41,7 @@ class AConn(ConnState, asyncio.Protocol):
 
     __slots__ = ("conn", "anode", "books", "transport", "closed", "_replies")
 
-    def __init__(self, conn: Any, anode: AsyncNode, books: NodeBooks, transport: Any) -> None:
+    def __init__(self, conn: Any, anode: AsyncNode, books: NodeBooks[AConn], transport: Any) -> None:
         super().__init__()
         self.conn = conn  # redis-py closes the transport when its connection is collected: keep it
         self.anode = anode
@@ -70,18 +70,9 @@ class AConn(ConnState, asyncio.Protocol):
 
     def _book(self, reply: Any) -> None:
         books = self.books
-        now = clock.now()
-        entry, resend = books.read(self, reply, now)
+        resend = books.book(self, reply, clock.now())[1]
         if resend is not None:
             self.transport.write(pack(resend))
-        elif entry.waiter is not None:
-            entry.waiter.take(entry, reply, now)
-        if self in books.parked:
-            if self.expect:
-                books.parked[self] = now  # progress
-            else:
-                del books.parked[self]
-                books.checkin(self, 0.0, now)
         if self.anode._settling:  # someone closing waits for the replies still due
             settling = self.anode._settling.pop(books, None)
             if settling is not None:
@@ -112,14 +103,16 @@ class AConn(ConnState, asyncio.Protocol):
 class AsyncNode:
     """One node's asyncio connections and books (per event loop, fork-aware)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeConfig) -> None:
         self.node = node
         self.name = node.name
         self.node_timeout = node.node_timeout
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks] = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, NodeBooks[AConn]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pools_lock = forks.mutex(self, "_pools_lock")  # several threads may each run their own loop
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
-        self._settling: dict[NodeBooks, asyncio.Future[None]] = {}
+        self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
@@ -129,11 +122,11 @@ class AsyncNode:
         self.connection_class = _async_class(node)
 
     @property
-    def books(self) -> NodeBooks:
+    def books(self) -> NodeBooks[AConn]:
         """The books of the running event loop: connections belong to one loop (and one process)."""
         return self.books_for(asyncio.get_running_loop(), os.getpid())
 
-    def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks:
+    def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks[AConn]:
         """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
         books = self._pools.get(loop)
         if books is None or pid != self._pid:
@@ -145,7 +138,7 @@ class AsyncNode:
                 if books is None:
                     self._sweep_closed_loops()
                     books = self._pools[loop] = NodeBooks(
-                        self.node.name, self.node_timeout, self.node.fsync_always, self.node.history
+                        self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
         return books
 
@@ -154,18 +147,10 @@ class AsyncNode:
         (``run_until_complete()`` then ``close()``): their end never ran, and the books' transports
         would keep such a loop (and its sockets) alive for good. Hold :attr:`_pools_lock`."""
         for loop in [loop for loop in self._pools if loop.is_closed()]:
-            books = self._pools.pop(loop)
-            now = clock.now()
-            for aconn in [conn for conn, _ in books.idle] + list(books.parked):
-                books.drop(aconn, now)
+            for aconn in self._pools.pop(loop).close_all(clock.now()):
                 aconn.close_abandoned()
-            books.idle.clear()
 
-    def _conns(self) -> list[AConn]:
-        books = self.books
-        return [conn for conn, _ in books.idle] + list(books.parked)
-
-    async def connect(self, books: NodeBooks) -> AConn:
+    async def connect(self, books: NodeBooks[AConn]) -> AConn:
         await _close_at_loop_end(self)
         conn = None
         try:
@@ -192,22 +177,13 @@ class AsyncNode:
         aconn.write(data)
 
     def drop(self, aconn: AConn, reason: str) -> None:
-        """The connection broke (or is given up): tell the rounds waiting on it, let the books drop it, close it."""
-        now = clock.now()
-        for entry in list(aconn.expect):
-            if entry.waiter is not None:
-                entry.waiter.take(entry, Failure(reason), now)
-        aconn.books.drop(aconn, now)
+        """The connection broke (or is given up): the books tell the rounds waiting on it and drop it; close it."""
+        aconn.books.broken(aconn, reason, clock.now())
         aconn.close()
-
-    def drop_stale(self, books: NodeBooks, now: float) -> None:
-        """Give up connections whose replies are overdue beyond the stale limit (the books decide)."""
-        for aconn in books.stale(now):
-            self.drop(aconn, f"no reply for over {books.stale_limit:.1f} s")
 
     async def settle(self, deadline: float) -> None:
         """Wait until ``deadline`` (monotonic) for the replies still due on parked connections
-        (see :meth:`Node.settle <django_redlock.core.nodes.Node.settle>`)."""
+        (as the sync :meth:`Node.settle <django_redlock.core.nodes.Node.settle>` does)."""
         books = self.books
         loop = asyncio.get_running_loop()
         while any(aconn.expect for aconn in books.parked):
@@ -223,12 +199,8 @@ class AsyncNode:
                 self._settling.pop(books, None)
 
     async def close(self) -> None:
-        books = self.books
-        now = clock.now()
-        for aconn in self._conns():
-            books.drop(aconn, now)
+        for aconn in self.books.close_all(clock.now()):
             aconn.close()
-        books.idle.clear()
 
 
 async def settle_and_close(anodes: Sequence[AsyncNode]) -> None:
@@ -276,7 +248,7 @@ async def _at_loop_end(nodes: weakref.WeakSet[AsyncNode]) -> AsyncGenerator[None
         await settle_and_close(list(nodes))
 
 
-def _async_class(node: Node) -> type:
+def _async_class(node: NodeConfig) -> type:
     if node.path:
         return aredis.UnixDomainSocketConnection
     if node.connection_class.__name__ == "SSLConnection":
@@ -316,14 +288,23 @@ async def _adisconnect(conn: Any) -> None:
         pass
 
 
-def _keep_when_connected(books: NodeBooks, task: asyncio.Task[Any]) -> None:
+def _keep_when_connected(books: NodeBooks[AConn], task: asyncio.Task[AConn]) -> None:
     """A connect the fan-out stopped waiting for (cancelled): keep the connection if it succeeds."""
 
-    def after(done: asyncio.Task[Any]) -> None:
+    def after(done: asyncio.Task[AConn]) -> None:
         if not done.cancelled() and done.exception() is None:
-            books.checkin(done.result(), 0.0, clock.now())
+            now = clock.now()
+            books.checkin(done.result(), now, now)
 
     task.add_done_callback(after)
+
+
+def _usable(aconn: AConn, idle_for: float) -> bool:
+    """An idle connection closed by the server (or with stray bytes) is closed here: connect another."""
+    if aconn.healthy():
+        return True
+    aconn.close()
+    return False
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -381,39 +362,29 @@ async def afanout(
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
     rnd.on_reply = lambda: _wake(wake[0])
-    packed: dict[Any, bytes] = {}
+    packed: dict[tuple[Any, ...], bytes] = {}
 
-    def write(i: int, aconn: AConn, since: float | None) -> None:
+    def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
         anode = anodes[i]
-        wire = rnd.write(i, aconn, now)
         error = None
         try:
             anode.write(aconn, wire, packed)
         except Exception as exc:  # noqa: BLE001 - the connection is broken
             error = anode.node.redact(describe(exc, anode.node_timeout))
             aconn.close()
-        parked = books[i].parked
-        if rnd.written(i, aconn, since, now, error) and aconn not in parked:
-            parked[aconn] = since if since is not None else now
+        rnd.written(i, aconn, since, now, error)  # the books keep it parked while its replies come
 
     connecting: dict[int, asyncio.Task[AConn]] = {}
     try:
         for i, anode in enumerate(anodes):
             if books[i].parked:
-                anode.drop_stale(books[i], now)
-            while True:
-                choice = rnd.choose(i, now)
-                if choice is None:
-                    break
-                kind, aconn, since = choice
-                if kind == NEW:
-                    connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
-                elif kind == PARKED or aconn.healthy():
-                    write(i, aconn, since if kind == PARKED else None)
-                else:
-                    aconn.close()  # closed by the server: try again
-                    continue
-                break
+                for stale in books[i].give_up_stale(now):
+                    stale.close()
+            opened = rnd.open(i, now, _usable)
+            if opened == NEW:
+                connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
+            elif opened is not None:
+                send(i, *opened)
         if connecting:
             await asyncio.wait(connecting.values())
             now = clock.now()
@@ -422,9 +393,9 @@ async def afanout(
                 if exc is not None:
                     rnd.connect_failed(i, str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, timeout), now)
                 else:
-                    write(i, task.result(), None)
+                    aconn = task.result()
+                    send(i, aconn, None, rnd.write(i, aconn, now))
             connecting = {}
-        rnd.start(clock.now())
         while True:
             wait = rnd.wait_time(clock.now())
             if wait is None:

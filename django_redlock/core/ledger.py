@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import IntEnum
+from typing import Any, Protocol
 
 from django_redlock.core import forks
 
@@ -36,6 +37,7 @@ __all__ = [
     "Debt",
     "Entry",
     "History",
+    "Kind",
     "Ledger",
     "Restart",
     "config_value",
@@ -47,6 +49,7 @@ __all__ = [
     "probe_info",
     "sure_uptime",
     "vote_refusal",
+    "Waiter",
 ]
 
 #: Sent ahead of the first vote on a new connection (one round trip): is this node freshly restarted,
@@ -58,15 +61,22 @@ PROBE: tuple[tuple[Any, ...], ...] = (
     ("CONFIG", "GET", "appendfsync"),
 )
 
-# Entry kinds: what a reply on a connection answers.
-OTHER = 0
-SET = 1  # SET key value NX PX: a vote
-RELEASE = 2  # the compare-and-delete script
-PROBE_REPLY = 3
-WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
-EXTEND = 5  # the extension script
-STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
-PART = 7  # a reply of several commands sent as one (see Round.write) before the last: kept for the round
+
+class Kind(IntEnum):
+    """What a reply on a connection answers (an :class:`Entry`'s kind)."""
+
+    OTHER = 0
+    SET = 1  # SET key value NX PX: a vote
+    RELEASE = 2  # the compare-and-delete script
+    PROBE_REPLY = 3
+    WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
+    EXTEND = 5  # the extension script
+    STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
+    PART = 7  # a reply of several commands sent as one (see Round.write) before the last: kept for the round
+
+
+OTHER, SET, RELEASE, PROBE_REPLY = Kind.OTHER, Kind.SET, Kind.RELEASE, Kind.PROBE_REPLY
+WAKE, EXTEND, STAMP, PART = Kind.WAKE, Kind.EXTEND, Kind.STAMP, Kind.PART
 
 #: Kinds worth running after their round has ended: a late release or extension only acts while
 #: its value still holds the key (a late vote could leave a key nobody holds).
@@ -84,6 +94,14 @@ DEBTS_PER_WRITE = 32
 MAX_DEBTS = 4096
 
 
+class Waiter(Protocol):
+    """Who waits for an entry's reply (a round): the books hand it the reply when it is read."""
+
+    def take(self, entry: Entry, reply: Any, now: float) -> object: ...
+
+    def replaced(self, old: Entry, new: Entry, now: float) -> None: ...
+
+
 class Entry:
     """One command written to a connection whose reply has not been read yet."""
 
@@ -91,11 +109,11 @@ class Entry:
 
     def __init__(
         self,
-        kind: int,
+        kind: Kind,
         key: str | None = None,
         value: str | None = None,
         ttl: float = 0.0,
-        waiter: Any = None,
+        waiter: Waiter | None = None,
         retry: tuple[Any, ...] | None = None,
     ) -> None:
         self.kind = kind
@@ -111,7 +129,7 @@ class Entry:
         self.proves = True
 
     def __repr__(self) -> str:
-        return f"<Entry {self.kind} {self.key!r}>"
+        return f"<Entry {self.kind.name} {self.key!r}>"
 
 
 def pair_of(command: Sequence[Any]) -> tuple[str, str]:
@@ -119,7 +137,7 @@ def pair_of(command: Sequence[Any]) -> tuple[str, str]:
     return command[3], command[3 + command[2]]
 
 
-def entry_for(command: Sequence[Any], kind: int, waiter: Any, retry: tuple[Any, ...] | None = None) -> Entry:
+def entry_for(command: Sequence[Any], kind: Kind, waiter: Waiter | None, retry: tuple[Any, ...] | None = None) -> Entry:
     """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
     if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
         return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)

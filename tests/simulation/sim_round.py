@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_redlock.core import steps
-from django_redlock.core.rounds import IDLE, NEW, PARKED, ConnState, Failure, NodeBooks, Round
+from django_redlock.core.rounds import NEW, ConnState, NodeBooks, Round
 
 from .network import ConnectionBroken, SimConnection
 from .scenario import Sim
@@ -24,7 +24,7 @@ class SimConn(ConnState):
 
     __slots__ = ("sim", "books")
 
-    def __init__(self, sim: SimConnection, books: NodeBooks) -> None:
+    def __init__(self, sim: SimConnection, books: NodeBooks[SimConn]) -> None:
         super().__init__()
         self.sim = sim
         self.books = books
@@ -33,10 +33,12 @@ class SimConn(ConnState):
 class SimDriver:
     """One client process's connections to the simulated nodes, and the rounds run on them."""
 
-    def __init__(self, sim: Sim, proc: Any, books: Sequence[NodeBooks], node_timeout: float) -> None:
+    def __init__(self, sim: Sim, proc: Any, books: Sequence[NodeBooks[SimConn]], node_timeout: float) -> None:
         self.sim = sim
         self.proc = proc
         self.world = sim.world
+        for book in books:
+            book.background_reads = True  # every reply is booked as it arrives, as the asyncio driver does
         self.books = books
         self.total = len(books)
         self.node_timeout = node_timeout
@@ -52,29 +54,16 @@ class SimDriver:
         return conn
 
     def _reply(self, conn: SimConn, reply: Any) -> None:
-        now = self.proc.now()
-        books = conn.books
         try:
-            entry, resend = books.read(conn, reply, now)
+            resend = conn.books.book(conn, reply, self.proc.now())[1]
         except ValueError:
             self._broken(conn, "protocol error")
             return
-        if conn in books.parked:
-            books.parked[conn] = now  # progress
         if resend is not None:
             self._send(conn, [resend])
-        elif entry.waiter is not None:
-            entry.waiter.take(entry, reply, now)
-        if not conn.expect and conn in books.parked:
-            del books.parked[conn]
-            books.checkin(conn, now, now)
 
     def _broken(self, conn: SimConn, reason: str) -> None:
-        now = self.proc.now()
-        for entry in list(conn.expect):
-            if entry.waiter is not None:
-                entry.waiter.take(entry, Failure(reason), now)
-        conn.books.drop(conn, now)
+        conn.books.broken(conn, reason, self.proc.now())
 
     def _send(self, conn: SimConn, commands: list[tuple[Any, ...]]) -> bool:
         try:
@@ -84,11 +73,13 @@ class SimDriver:
             return False
 
     def give_up_stale(self, i: int, now: float) -> None:
-        """Apply the books' stale rule to parked connections, as the sync driver does before a round."""
-        books = self.books[i]
-        for conn, since in list(books.parked.items()):
-            if not books.after_drain(conn, since, now):
-                conn.sim.close()
+        """Apply the books' stale rule to parked connections, as the other drivers do before a round."""
+        for conn in self.books[i].give_up_stale(now):
+            conn.sim.close()
+
+    def usable(self, conn: SimConn, idle_for: float) -> bool:
+        """An idle connection closed meanwhile is not used (a new one is made)."""
+        return bool(conn.sim.state == "open")
 
 
 class _SimRound:
@@ -101,46 +92,34 @@ class _SimRound:
         self.timer: int | None = None
         proc = client.proc
         now = proc.now()
-        self.rnd = rnd = Round(client.books, fan.commands, now=now,
+        self.rnd = rnd = Round[SimConn](client.books, fan.commands, now=now,
                                timeout=fan.timeout or client.node_timeout, **fan.options())
         rnd.on_reply = self.check
         self.connecting: dict[int, SimConn] = {}
         for i in range(client.total):
             if client.books[i].parked:
                 client.give_up_stale(i, now)
-            while True:
-                choice = rnd.choose(i, now)
-                if choice is None:
-                    break
-                kind, conn, since = choice
-                if kind == NEW:
-                    conn = client.connect(i)
-                    self.connecting[i] = conn
-                    conn.sim.on_connected = lambda i=i, conn=conn: self.connected(i, conn)
-                    proc.after_local(client.node_timeout, self.connect_timeout, i, conn)
-                elif kind == IDLE and conn.sim.state != "open":
-                    client._broken(conn, "closed")  # closed while idle: make a new one
-                    continue
-                else:
-                    self.write(i, conn, since if kind == PARKED else None)
-                break
+            opened = rnd.open(i, now, client.usable)
+            if opened == NEW:
+                conn = client.connect(i)
+                self.connecting[i] = conn
+                conn.sim.on_connected = lambda i=i, conn=conn: self.connected(i, conn)
+                proc.after_local(client.node_timeout, self.connect_timeout, i, conn)
+            elif opened is not None:
+                self.send(i, *opened)
         if not self.connecting:
-            self.start()
+            self.check()
 
-    def write(self, i: int, conn: SimConn, since: float | None) -> None:
-        now = self.client.proc.now()
-        commands = self.rnd.write(i, conn, now)
+    def send(self, i: int, conn: SimConn, since: float | None, commands: list[tuple[Any, ...]]) -> None:
         ok = self.client._send(conn, commands)
-        books = self.client.books[i]
-        if self.rnd.written(i, conn, since, now, None if ok else "connection lost") and conn not in books.parked:
-            books.parked[conn] = since if since is not None else now
+        self.rnd.written(i, conn, since, self.client.proc.now(), None if ok else "connection lost")
 
     def connected(self, i: int, conn: SimConn) -> None:
         if self.connecting.pop(i, None) is None:
             return
-        self.write(i, conn, None)
+        self.send(i, conn, None, self.rnd.write(i, conn, self.client.proc.now()))
         if not self.connecting:
-            self.start()
+            self.check()
 
     def connect_timeout(self, i: int, conn: SimConn) -> None:
         if self.connecting.pop(i, None) is None:
@@ -148,11 +127,7 @@ class _SimRound:
         conn.sim.close()
         self.rnd.connect_failed(i, "connect timed out", self.client.proc.now())
         if not self.connecting:
-            self.start()
-
-    def start(self) -> None:
-        self.rnd.start(self.client.proc.now())
-        self.check()
+            self.check()
 
     def check(self) -> None:
         if self.finished or self.connecting:

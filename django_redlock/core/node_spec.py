@@ -1,0 +1,273 @@
+"""What a node is, before any connection: its settings, its name, and how its failures read.
+
+Node specs (a URL, a redis-py client, or ``{"URL", "OPTIONS", "FSYNC_ALWAYS"}``)
+become a :class:`NodeConfig`: redis-py connection settings built with the node
+timeout as socket timeout, no retries and no handshake round trips that are
+not needed, with credentials kept out of every message. Both drivers build on
+it (the sync :class:`~django_redlock.core.nodes.Node`, the asyncio
+:class:`~django_redlock.core.anodes.AsyncNode`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+try:
+    from redis.backoff import NoBackoff
+except ImportError:  # pragma: no cover - very old redis-py
+    NoBackoff = None  # type: ignore[assignment,misc]
+
+from django_redlock.core import ledger
+
+__all__ = ["SCHEMES", "NodeConfig", "NodeSpec", "config_from_spec", "describe", "parse_specs"]
+
+SCHEMES = ("redis", "rediss", "unix")
+
+NodeSpec = Any  # str URL | redis.Redis | Mapping with "URL"/"OPTIONS"
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _handshake_off(connection_class: type) -> dict[str, Any]:
+    """Keyword arguments that stop redis-py's optional round trips on connect."""
+    params: set[str] = set()
+    for klass in getattr(connection_class, "__mro__", (connection_class,)):
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            try:
+                params.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):  # pragma: no cover
+                pass
+    off: dict[str, Any] = {}
+    if "driver_info" in params:
+        off["driver_info"] = None
+    elif "lib_name" in params:
+        off.update(lib_name=None, lib_version=None)
+    if "maint_notifications_config" in params:
+        try:
+            from redis.maint_notifications import MaintNotificationsConfig
+
+            off["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+        except ImportError:  # pragma: no cover
+            pass
+    return off
+
+
+def _display_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def _check_url(url: str, where: str) -> None:
+    if "://" not in url and not url.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)):
+        bare = "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+        meant = f"redis://{bare}" + ("" if "/" in bare else "/0")
+        raise ValueError(f"{where}: {bare!r} has no scheme; did you mean {meant!r}?")
+    shown = _display_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{where}: malformed Redis URL {shown!r} ({_redact(str(exc), [url])}).") from None
+    if parts.scheme not in SCHEMES:
+        raise ValueError(
+            f"{where}: unsupported scheme {parts.scheme!r} in {shown!r}; expected one of redis://, rediss://, unix://."
+        )
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"{where}: unix:// URL {shown!r} has no socket path.")
+    elif not parts.hostname:
+        raise ValueError(f"{where}: Redis URL {shown!r} has no host.")
+    del port
+
+
+def _name_from_kwargs(kwargs: Mapping[str, Any]) -> str:
+    path = kwargs.get("path")
+    db = int(kwargs.get("db") or 0)
+    if path:
+        return f"unix:{path}" + (f"/{db}" if db else "")
+    host = kwargs.get("host", "localhost")
+    port = kwargs.get("port", 6379)
+    if ":" in str(host):
+        host = f"[{host}]"
+    return f"{host}:{port}/{db}"
+
+
+class NodeConfig:
+    """One independent Redis master's connection settings, name and restart history (no connections)."""
+
+    def __init__(
+        self,
+        connection_class: type,
+        connection_kwargs: Mapping[str, Any],
+        *,
+        node_timeout: float,
+        name: str | None = None,
+        fsync_always: bool = False,
+    ) -> None:
+        kwargs = dict(connection_kwargs)
+        secrets = [str(kwargs.get("password") or "")]
+        kwargs.update(
+            socket_timeout=node_timeout,
+            socket_connect_timeout=node_timeout,
+            retry_on_timeout=False,
+            health_check_interval=0,
+            decode_responses=False,
+        )
+        kwargs.pop("retry_on_error", None)
+        # RESP2: no HELLO round trip on connect, and the reply shapes the engine reads.
+        kwargs["protocol"] = 2
+        if "RESP3" in getattr(kwargs.get("parser_class"), "__name__", ""):
+            kwargs.pop("parser_class")
+        if NoBackoff is not None:
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+        kwargs.update(_handshake_off(connection_class))
+        self.connection_class = connection_class
+        self.kwargs = kwargs
+        self.name = name or _name_from_kwargs(kwargs)
+        self.host = kwargs.get("host") if not kwargs.get("path") else None
+        self.port = kwargs.get("port") if not kwargs.get("path") else None
+        self.path = kwargs.get("path")
+        self.db = int(kwargs.get("db") or 0)
+        self.node_timeout = node_timeout
+        self._fsync_always = bool(fsync_always)
+        #: What this process learned of the server at this address, kept across forks and shared
+        #: by every manager and the asyncio books (a failover is noticed whoever probes first).
+        self.history = ledger.history_for(self.path or (f"{self.host}:{self.port}" if self.host else self.name))
+        self._secrets = [s for s in secrets if s]
+        try:
+            connection_class(**kwargs)  # fail now on bad options, not on the first lock
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"node {self.name}: invalid connection options: {self.redact(str(exc))}") from None
+        self._configured()
+
+    def _configured(self) -> None:
+        """What a driver's node adds once the settings are known (its connections' books)."""
+
+    @property
+    def fsync_always(self) -> bool:
+        """Declared to fsync every write: votes at once after a restart (still probed: a failover is not a restart)."""
+        return self._fsync_always
+
+    @fsync_always.setter
+    def fsync_always(self, value: bool) -> None:
+        self._fsync_always = bool(value)
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}>"
+
+    def redact(self, text: str) -> str:
+        return _redact(text, self._secrets)
+
+
+N = TypeVar("N", bound=NodeConfig)
+
+
+def parse_specs(specs: Any, node_timeout: float, argument: str, make: type[N]) -> list[N]:
+    """Turn URLs, redis-py clients or ``{"URL", "OPTIONS"}`` mappings into nodes."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, (Sequence, set, frozenset, tuple)):
+        if isinstance(specs, Mapping) or isinstance(specs, (str, bytes)) or isinstance(specs, redis.Redis):
+            raise ValueError(f"{argument} must be a list of nodes, not a single {type(specs).__name__}.")
+        raise ValueError(f"{argument} must be a list of Redis URLs, clients or dicts; got {type(specs).__name__}.")
+    specs = list(specs)
+    if not specs:
+        raise ValueError(f"{argument} is empty; Redlock needs at least one Redis master (three or more to be useful).")
+    return [config_from_spec(spec, node_timeout, f"{argument}[{i}]", make) for i, spec in enumerate(specs)]
+
+
+def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type[N]) -> N:
+    """One node spec as ``make`` (a :class:`NodeConfig` class); an instance of it is taken as is."""
+    if isinstance(spec, make):
+        return spec
+    if isinstance(spec, str):
+        return _from_url(spec, {}, node_timeout, where, make)
+    if isinstance(spec, redis.Redis):
+        pool = spec.connection_pool
+        return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
+    if isinstance(spec, Mapping):
+        lowered = {str(k).lower(): v for k, v in spec.items()}
+        unknown = set(lowered) - {"url", "options", "fsync_always"}
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key(s) {sorted(unknown)}; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'."
+            )
+        url = lowered.get("url")
+        options = lowered.get("options") or {}
+        fsync_always = lowered.get("fsync_always", False)
+        if not isinstance(url, str):
+            raise ValueError(f"{where}: 'URL' must be a Redis URL string.")
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
+        if not isinstance(fsync_always, bool):
+            raise ValueError(
+                f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
+                f"appendfsync always, so it may vote right after a restart); got {fsync_always!r}."
+            )
+        return _from_url(url, dict(options), node_timeout, where, make, fsync_always)
+    raise ValueError(
+        f"{where}: expected a Redis URL string, a redis.Redis client or a dict with 'URL'; got {type(spec).__name__}."
+    )
+
+
+def _from_url(
+    url: str, options: dict[str, Any], node_timeout: float, where: str, make: type[N], fsync_always: bool = False
+) -> N:
+    _check_url(url, where)
+    try:
+        pool = redis.ConnectionPool.from_url(url, **options)
+    except (ValueError, TypeError) as exc:
+        secrets = [url, str(options.get("password") or "")]
+        raise ValueError(f"{where}: invalid Redis node {_display_url(url)!r}: {_redact(str(exc), secrets)}") from None
+    kwargs = pool.connection_kwargs
+    if "password" not in options and urlsplit(url).password:
+        kwargs["password"] = unquote(urlsplit(url).password or "")
+    try:
+        return make(pool.connection_class, kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
+    except ValueError as exc:  # options redis-py refuses (already redacted): say which entry
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def describe(exc: BaseException, node_timeout: float) -> str:
+    """A short, credential-free reason for a failed node call."""
+    if isinstance(exc, AuthenticationError) or "AUTH" in str(exc) or "WRONGPASS" in str(exc):
+        return "authentication failed"
+    if isinstance(exc, RedisTimeoutError) or isinstance(exc, TimeoutError):
+        return f"no reply within {_ms(node_timeout)}"
+    if isinstance(exc, RedisConnectionError):
+        text = str(exc).lower()
+        if "refused" in text or "111" in text:
+            return "connection refused"
+        if "closed" in text or "reset" in text:
+            return "connection lost"
+        if "timeout" in text or "timed out" in text:
+            return f"no reply within {_ms(node_timeout)}"
+        return "connection failed"
+    if isinstance(exc, ResponseError):
+        return "error reply: " + str(exc).split("\n")[0][:120]
+    if isinstance(exc, OSError):
+        return f"socket error ({exc.__class__.__name__})"
+    return f"error ({exc.__class__.__name__})"
