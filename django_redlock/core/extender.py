@@ -25,7 +25,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 from django_redlock.core import clock
 from django_redlock.exceptions import LockError, LockLost
@@ -117,6 +118,37 @@ def note_extend_error(watch: Watch, lock: Any, exc: Exception) -> None:
         watch.failure = repr(exc)
 
 
+class Condition(Protocol):
+    """What the extender waits on and notifies (``threading.Condition``; the simulator's cooperative one)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Any: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def notify(self, n: int = 1) -> None: ...
+
+
+class Runner(Protocol):
+    """A started run of the extender's loop (a ``threading.Thread``)."""
+
+    def is_alive(self) -> bool: ...
+
+
+def _engine_now() -> float:
+    return clock.now()  # looked up on each call, as everywhere in the engine
+
+
+def start_thread(run: Callable[[], None]) -> Runner:
+    """Run the extender's loop on a daemon thread."""
+    thread = threading.Thread(target=run, name="redlock-extender", daemon=True)
+    thread.start()
+    return thread
+
+
 _extenders: weakref.WeakSet[Extender] = weakref.WeakSet()
 
 
@@ -130,23 +162,36 @@ if hasattr(os, "register_at_fork"):
 
 
 class Extender:
-    """Schedule extensions and ownership checks for locks from a single daemon thread."""
+    """Schedule extensions and ownership checks for locks from a single daemon thread.
 
-    def __init__(self) -> None:
+    ``now`` (the clock its deadlines are read on; the engine's ``clock.now``), ``condition`` (makes what the loop waits on) and
+    ``start`` (runs the loop) are the real ones by default; the simulator drives the same loop on its
+    own clock and scheduler.
+    """
+
+    def __init__(
+        self,
+        now: Callable[[], float] | None = None,
+        condition: Callable[[], Condition] = threading.Condition,
+        start: Callable[[Callable[[], None]], Runner] = start_thread,
+    ) -> None:
+        self._now = now or _engine_now
+        self._condition = condition
+        self._start = start
         self._reset()
         _extenders.add(self)
 
     def _reset(self) -> None:
         # Also run in a forked child: the parent's thread, its condition and its locks stay behind.
-        self._cond = threading.Condition()
+        self._cond = self._condition()
         self._heap: list[tuple[float, int, Watch]] = []
         self._watches: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
         self._reports: deque[tuple[Watch, Any]] = deque()
         self._counter = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._thread: Runner | None = None
 
     def add(self, manager: Any, lock: Any, max_hold: float | None, on_lost: Callable[[Any], Any] | None) -> None:
-        stop_at = clock.now() + max_hold if max_hold is not None else None
+        stop_at = self._now() + max_hold if max_hold is not None else None
         watch = Watch(manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
 
         def listener(lost: Any) -> None:
@@ -163,7 +208,7 @@ class Extender:
                 previous.active = previous.listening = False
             self._watches[lock] = watch
             lock._lost_listener = listener
-            self._push(watch, next_due(watch, lock, clock.now()))
+            self._push(watch, next_due(watch, lock, self._now()))
 
     def remove(self, lock: Any) -> None:
         with self._cond:
@@ -187,8 +232,7 @@ class Extender:
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="redlock-extender", daemon=True)
-            self._thread.start()
+            self._thread = self._start(self._run)
 
     def _run(self) -> None:
         while True:
@@ -203,7 +247,7 @@ class Extender:
                     if not self._heap:
                         self._cond.wait(timeout=30.0)
                         continue
-                    wait = self._heap[0][0] - clock.now()
+                    wait = self._heap[0][0] - self._now()
                     if wait <= 0:
                         _, _, watch = heapq.heappop(self._heap)
                         break
@@ -234,7 +278,7 @@ class Extender:
             return
         with self._cond:
             if watch.active:
-                self._push(watch, next_due(watch, lock, clock.now()))
+                self._push(watch, next_due(watch, lock, self._now()))
 
     def _drop(self, watch: Watch, lock: Any) -> None:
         with self._cond:
