@@ -7,14 +7,21 @@ import json
 import json.scanner
 import math
 import os
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-HOSTNAME = socket.gethostname()
+
+@functools.lru_cache(maxsize=1)
+def hostname() -> str:
+    """This host's name, for display in holders (read on first use, so importing the engine loads no socket module)."""
+    import socket
+
+    return socket.gethostname()
+
+
 #: This process's id, for display in holders (kept current across forks, without a syscall per lock).
 _pid = [os.getpid()]
 if hasattr(os, "register_at_fork"):
@@ -65,7 +72,7 @@ class Holder:
     @classmethod
     def new(cls, token: str, label: str | None = None) -> Holder:
         acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
-        return cls(token, HOSTNAME, _pid[0], label, acquired_at)
+        return cls(token, hostname(), _pid[0], label, acquired_at)
 
     @overload
     @classmethod

@@ -6,24 +6,32 @@ An error reply is parsed as the redis-py exception it would raise (``NoScriptErr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+if TYPE_CHECKING:
+    from redis.exceptions import RedisError
 
 __all__ = ["INCOMPLETE", "USUAL", "ReplyBuffer", "pack"]
 
 _INCOMPLETE = object()
-_ERRORS = {
-    "NOSCRIPT": NoScriptError,
-    "WRONGPASS": AuthenticationError,
-    "NOAUTH": AuthenticationError,
-}
+
+
+@functools.cache
+def _error_types() -> tuple[dict[str, type[RedisError]], type[RedisError]]:
+    """redis-py's error types by reply prefix, and the one for the rest: imported on the first
+    error reply, so the reader alone loads no I/O library."""
+    from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
+
+    by_prefix = {"NOSCRIPT": NoScriptError, "WRONGPASS": AuthenticationError, "NOAUTH": AuthenticationError}
+    return by_prefix, ResponseError
 
 
 def _error(line: bytes) -> RedisError:
     text = line.decode("utf-8", "replace")
-    return _ERRORS.get(text.split(" ", 1)[0], ResponseError)(text)
+    by_prefix, other = _error_types()
+    return by_prefix.get(text.split(" ", 1)[0], other)(text)
 
 
 #: Whole replies a vote or a release usually gets, as :func:`_parse` reads them.
@@ -109,7 +117,7 @@ def pack(args: Sequence[Any]) -> bytes:
 class ReplyBuffer:
     """The bytes read from one connection, and the whole RESP2 replies in them, in order.
 
-    Both drivers read through one: the sync :class:`~django_redlock.core.nodes.Wire` and the asyncio
+    Both drivers read through one: the sync :class:`~django_redlock.core.wire.Wire` and the asyncio
     protocol (:class:`~django_redlock.core.anodes.AConn`).
     """
 
