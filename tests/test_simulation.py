@@ -6,6 +6,7 @@ The long run is ``make simulate SEEDS=N``; this is its short version.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import pytest
 
@@ -35,6 +36,19 @@ def test_random_faults_break_no_invariant():
     assert acquired > 240, "the clients must get locks, or the run proves nothing"
 
 
+def test_processes_running_the_real_manager_break_no_invariant():
+    """Only processes running the real LockManager, two callers each: holds (kept alive, re-entered,
+    nested), acquire and release, extensions, fencing tokens, owned(), hand-offs by adopt()."""
+    seen: Counter[str] = Counter()
+    for seed in range(6):
+        outcome = simulate(seed, faults=default_faults(), clients=0, managers=2)
+        assert outcome.violation is None, outcome.violation
+        seen.update(outcome.extra["real"])
+    assert seen["acquired"] > 150, seen
+    for what in ("nested", "automatic extensions", "losses reported", "adopted", "fenced", "cancelled"):
+        assert seen[what] > 0, (what, seen)
+
+
 def test_a_seed_replays_exactly():
     first = simulate(7, faults=default_faults())
     second = simulate(7, faults=default_faults())
@@ -52,7 +66,8 @@ def test_scripted_case_passes_on_the_real_core(name):
 # Mutants without a scripted case are hunted with random seeds from 0 (found at once).
 SEEDS_FOR = {"quorum N//2": 5, "drift ignored": 5, "acquire ignores the line": 5, "release wakes nobody": 3,
              "acquire takes the free members of a held set": 3, "release deletes the first member only": 3,
-             "automatic extensions counted": 3}
+             "automatic extensions counted": 3, "reentrancy keyed on the thread": 5,
+             "loss at the hold's exit swallowed": 5, "watchdog extends after the release": 5}
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

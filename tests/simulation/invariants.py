@@ -37,6 +37,13 @@ holding of every member. Each promise below holds per member:
     lock only once the lock is lost or released, never for a limit (the
     caller's own extensions count against ``max_extensions``, the watchdog's
     do not).
+(j) one caller per lock: at most one caller (a greenlet of a process running
+    the real manager) is inside a lock's with block at a time; the same caller
+    may nest (``reentrant=True``);
+(k) loss reported: a with block whose lock's validity ran out before it ended
+    reports the loss at its exit (``LockLost``);
+(l) no extension after release: a process never writes an extension of a
+    value after it wrote that value's release.
 
 With ``fair=True`` (runs without faults), two more:
 
@@ -119,6 +126,10 @@ class Holding:
     ended: float = math.inf  # true time it was released, given up or lost
     token: int | None = None
     extensions: int = 0
+    #: The clients that held it before ``client`` (handed off with adopt()).
+    handed_from: tuple[str, ...] = ()
+    #: (j): the callers inside it (a with block), by id, and how deep.
+    inside: dict[int, int] = field(default_factory=dict)
 
     @property
     def resource(self) -> str:
@@ -172,6 +183,8 @@ class _Gone:
     since: float
     bound: float
     checks: int = 0
+    #: Earlier holders of the value (a hand-off): their late bytes (a late SET) disturb it too.
+    also: tuple[str, ...] = ()
 
 
 def _b(value: Any) -> bytes:
@@ -282,6 +295,19 @@ class Checker:
         h.valid_until = until
         h.extensions += 1
 
+    def adopted(self, client: Process, value: Any, validity: float, deadline_local: float | None = None) -> None:
+        """``client`` adopted the lock holding ``value`` (handed over by its holder), valid that long:
+        (c) as for an acquisition; the holder is ``client`` from now on."""
+        now = self.world.now
+        h = self._holding(value, "adopted")
+        until = client.clock.to_true(deadline_local) if deadline_local is not None \
+            else now + client.clock.true_duration(validity)
+        self.world.note(client.name, "ADOPTED", h.resource, h.value, f"validity={validity:.6f}")
+        self._honest(h, until - now, "adopted")
+        h.handed_from = (*h.handed_from, h.client)
+        h.client = client.name
+        h.valid_until = until
+
     def fenced(self, client: Process, resource: str | Iterable[str], value: Any, token: int) -> None:
         """The client was handed ``token`` for its lock (one token for all of its resources)."""
         h = self._holding(value, "fenced")
@@ -311,6 +337,30 @@ class Checker:
         """The client's watchdog (no ``max_hold``) stopped extending a lock that is still held."""
         self._fail(f"(i) automatic extension: {client.name}'s watchdog stopped extending "
                    f"{name_of(members(resource))!r}, which only max_hold may end: {why}")
+
+    def entered(self, client: Process, caller: int, value: Any) -> None:
+        """A caller (one greenlet of ``client``) entered the with block of the lock holding ``value``."""
+        h = self._holding(value, "entered")
+        others = [c for c, depth in h.inside.items() if depth and c != caller]
+        if others:
+            self._fail(f"(j) one caller per lock: a caller of {client.name} entered {h.resource!r} "
+                       f"(acquisition #{h.seq}) while another caller is inside it")
+        h.inside[caller] = h.inside.get(caller, 0) + 1
+
+    def leaving(self, client: Process, caller: int, value: Any, outer: bool) -> bool:
+        """The caller's with block ends now; True when this is its outermost entry and the lock's
+        validity ran out before this moment, so the exit must report the loss (k)."""
+        h = self._holding(value, "left")
+        h.inside[caller] -= 1
+        return outer and h.valid_until < self.world.now - 1e-6
+
+    def loss_unreported(self, client: Process, resource: str | Iterable[str], value: Any) -> None:
+        self._fail(f"(k) loss reported: {client.name} left the with block of {name_of(members(resource))!r} "
+                   f"after its validity ran out, and the exit reported no loss (LockLost)")
+
+    def extended_after_release(self, client: Process, value: Any) -> None:
+        self._fail(f"(l) no extension after release: {client.name} wrote an extension of value "
+                   f"{_b(value)[:12]!r}.. after it wrote that value's release")
 
     def expect_progress(self, within: float) -> None:
         """Require some acquisition within ``within`` true seconds from now."""
@@ -556,7 +606,7 @@ class Checker:
         self.world.note(client.name, what, name, v)
         min_rate = min(n.clock.rate for n in self.nodes)
         bound = (ttl if ttl is not None else self.ttl) / min_rate + self.slack
-        gone = _Gone(client.name, v, name, now, bound)
+        gone = _Gone(client.name, v, name, now, bound, also=h.handed_from if h is not None else ())
         self._gone_pending += 1
         self.world.after(bound, self._check_gone, gone)
 
@@ -566,7 +616,7 @@ class Checker:
         if world.faults:
             world.after(gone.bound / 4, self._check_gone, gone)  # wait for the faults to heal
             return
-        disturbed = world.disturbed_since(gone.client)
+        disturbed = max(world.disturbed_since(c) for c in (gone.client, *gone.also))
         if disturbed > gone.since:
             gone.since = disturbed
         due = gone.since + gone.bound

@@ -9,12 +9,15 @@ patch of the node model's method for it (:class:`.redis_model.SimNode`).
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, ledger, rounds, steps
+from django_redlock.core import base, extender, ledger, rounds, steps
+from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
 from .redis_model import SimNode
@@ -288,6 +291,49 @@ def automatic_extensions_counted() -> Any:
     return _patch(steps, "extend", counted)
 
 
+def reentrancy_keyed_on_the_thread() -> Any:
+    """``reentrant=True`` takes the thread for the owner: every greenlet of a process enters every
+    other's lock."""
+
+    def thread_only() -> Iterator[tuple[Any, str]]:
+        yield threading.current_thread(), "thread"
+
+    lock_module = sys.modules[LockBase.__module__]
+    return _patch(getattr(lock_module, "owners", lock_module), "_owners", thread_only)  # where caller() is
+
+
+def loss_swallowed() -> Any:
+    """The hold's loss report says nothing: a with block that ran without its lock exits quietly."""
+    name = "_loss_to_report" if hasattr(LockBase, "_loss_to_report") else "_lost_error"
+    return _patch(LockBase, name, lambda self, *args: None)
+
+
+@contextmanager
+def watchdog_ignores_the_release() -> Iterator[None]:
+    """The watchdog is not told of a release and extends once more: the release does not unschedule
+    the lock, the watchdog's next wake-up extends it, and the extension step does not look at
+    ``released``."""
+    real_action, real_check = extender.next_action, LockBase._check_extendable
+
+    def action(watch: Any, lock: Any) -> str:
+        if lock is not None and lock.released and lock.validity > 0:
+            return "extend"
+        return real_action(watch, lock)
+
+    def check(self: Any, ttl: Any, counted: bool) -> float:
+        if not self.released:
+            return real_check(self, ttl, counted)
+        self.released = False
+        try:
+            return real_check(self, ttl, counted)
+        finally:
+            self.released = True
+
+    with _patch(extender.Extender, "remove", lambda self, lock: None), _patch(extender, "next_action", action), \
+            _patch(LockBase, "_check_extendable", check):
+        yield
+
+
 #: name -> (mutant, simulation options that give it a chance to show)
 MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "quorum N//2": (quorum_half, {}),
@@ -338,6 +384,10 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "fencing token from the first member's counter": (fence_from_the_first_member, {"wall_skew": 0.45}),
     # The simulated clients allow two extensions; a watchdog's long hold needs three.
     "automatic extensions counted": (automatic_extensions_counted, {}),
+    # These need the real manager's processes (sim_manager.py): several callers, holds, the watchdog.
+    "reentrancy keyed on the thread": (reentrancy_keyed_on_the_thread, {}),
+    "loss at the hold's exit swallowed": (loss_swallowed, {}),
+    "watchdog extends after the release": (watchdog_ignores_the_release, {}),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from .faults import FaultConfig
 from .invariants import Violation
 from .network import NetConfig
 from .scenario import build, settled
+from .sim_manager import SimProcess
 from .world import Chooser
 
 __all__ = ["Outcome", "contend", "simulate"]
@@ -64,10 +66,14 @@ def simulate(
     node_timeout: float = 0.05,
     flaky_info: float = 0.0,
     wall_skew: float | None = None,
+    managers: int = 1,
+    callers: int = 2,
 ) -> Outcome:
     """Run one seeded simulation; a broken invariant is returned in ``violation`` (with the trace).
 
     Each call locks one of ``resources`` or, by chance ``multi``, two or three of them at once.
+    Besides the ``clients`` driving the core's steps, ``managers`` processes run the real
+    ``LockManager`` with ``callers`` greenlets each (:mod:`.sim_manager`).
     """
     kwargs: dict[str, Any] = {}
     if share is not None:
@@ -81,6 +87,13 @@ def simulate(
                   wall_offset=world.uniform(-skew, skew, "wall clock error"))
         for i in range(clients)
     ]
+    real = [
+        SimProcess(sim, f"m{i}", ttl=ttl, restart_window=restart_window, node_timeout=node_timeout,
+                   wall_offset=world.uniform(-skew, skew, "wall clock error"))
+        for i in range(managers)
+    ]
+    for process in real:
+        process.peers = real
     outcome = Outcome(seed)
     begin = settled(ttl)  # the nodes are new: wait out the restart window once
     end = begin + seconds
@@ -88,13 +101,22 @@ def simulate(
         nemesis = None
         # Clients keep working past the heal, so that progress can be checked.
         stop = end + ttl * 2 + (faults.progress_within if faults else 0.0)
-        by_proc = {client.proc: client for client in procs}
+        by_proc: dict[Any, Any] = {client.proc: client for client in [*procs, *real]}
 
         def respawn(victim: Any) -> Any:
             """Kill a client process; a new one (fresh books, new name) takes up its work."""
             dead = by_proc[victim]
             dead.die()
             sim.network.kill_client(victim)
+            if isinstance(dead, SimProcess):
+                process = SimProcess(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
+                                     node_timeout=node_timeout, wall_offset=dead.wall_offset)
+                by_proc[process.proc] = process
+                real.append(process)
+                process.peers = real
+                process.proc.after_local(world.uniform(0.0, 0.2, "respawn delay"), process.start,
+                                         list(resources), stop, callers, multi)
+                return process.proc
             new = SimClient(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
                             node_timeout=node_timeout, wall_offset=dead.wall_offset)
             new.fencing = fencing
@@ -111,15 +133,21 @@ def simulate(
             client.fencing = fencing
             client.multi = multi
             world.at(begin, client.session, list(resources), stop)
+        for process in real:
+            world.at(begin, process.start, list(resources), stop, callers, multi)
         world.run_until(stop + ttl * 2)
         if nemesis is not None:
             outcome.faults = nemesis.injected
     except Violation as exc:
         outcome.violation = str(exc)
-    outcome.acquired = sum(c.acquired for c in procs)
+    finally:
+        for process in real:
+            process.close()
+    outcome.acquired = sum(c.acquired for c in [*procs, *real])
     outcome.several = sim.checker.acquisitions_of_several
-    outcome.failed = sum(c.failed for c in procs)
+    outcome.failed = sum(c.failed for c in [*procs, *real])
     outcome.events = world.events_run
+    outcome.extra["real"] = sum((p.stats for p in real), Counter())
     return outcome
 
 
