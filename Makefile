@@ -26,7 +26,7 @@ torture:  ## the long fault-injection run
 	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -s $(PYTEST_ARGS)
 
 SEEDS ?= 1000
-simulate:  ## the long deterministic simulation of the engine's core: SEEDS random runs, every small schedule, the mutants
+simulate:  ## the long deterministic simulation of the engine (its core and its real LockManager): SEEDS random runs, every small schedule, the mutants
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@$(PY) -m tests.simulation.run --seeds $(SEEDS)
 	@$(PY) -m tests.simulation.exhaustive --max-depth 11

@@ -538,7 +538,7 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     ),
     "replies that take long": (replies_that_take_long, ("validity from after the fan-out",)),
     "cancelled acquire": (cancelled_acquire, ()),
-    "late NOSCRIPT for a release": (late_noscript_for_a_release, ()),
+    "late NOSCRIPT for a release": (late_noscript_for_a_release, ("release without its debt",)),
     "waiter woken over a slow network": (waiter_woken_over_a_slow_network, ("wait vote's validity from the wake-up",)),
     "waiter granted early by some nodes": (waiter_granted_early_by_some_nodes, ("wait credited from the longest wait",)),
     "release after the lock expired": (release_after_the_lock_expired, ("release without comparing the value",)),

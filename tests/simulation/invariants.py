@@ -606,7 +606,9 @@ class Checker:
         self.world.note(client.name, what, name, v)
         min_rate = min(n.clock.rate for n in self.nodes)
         bound = (ttl if ttl is not None else self.ttl) / min_rate + self.slack
-        gone = _Gone(client.name, v, name, now, bound, also=h.handed_from if h is not None else ())
+        # Given up by another process than its holder (a hand-off): the holder's late bytes count too.
+        also = tuple(c for c in (*h.handed_from, h.client) if c != client.name) if h is not None else ()
+        gone = _Gone(client.name, v, name, now, bound, also=also)
         self._gone_pending += 1
         self.world.after(bound, self._check_gone, gone)
 

@@ -291,6 +291,18 @@ def automatic_extensions_counted() -> Any:
     return _patch(steps, "extend", counted)
 
 
+def release_without_its_debt() -> Any:
+    """A release round owes nothing: a node that did not confirm the release is not sent it again."""
+    real = steps.release_fan
+
+    def no_debt(*args: Any, **kwargs: Any) -> steps.Fan:
+        fan = real(*args, **kwargs)
+        fan.owe = None
+        return fan
+
+    return _patch(steps, "release_fan", no_debt)
+
+
 def reentrancy_keyed_on_the_thread() -> Any:
     """``reentrant=True`` takes the thread for the owner: every greenlet of a process enters every
     other's lock."""
@@ -384,6 +396,8 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "fencing token from the first member's counter": (fence_from_the_first_member, {"wall_skew": 0.45}),
     # The simulated clients allow two extensions; a watchdog's long hold needs three.
     "automatic extensions counted": (automatic_extensions_counted, {}),
+    # A release held up by a restart (NOSCRIPT, late) must be paid later (a scripted case).
+    "release without its debt": (release_without_its_debt, {}),
     # These need the real manager's processes (sim_manager.py): several callers, holds, the watchdog.
     "reentrancy keyed on the thread": (reentrancy_keyed_on_the_thread, {}),
     "loss at the hold's exit swallowed": (loss_swallowed, {}),

@@ -219,12 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, default=None, help="replay one seed and print its trace")
     parser.add_argument("--seconds", type=float, default=4.0, help="simulated seconds of faults per seed")
+    parser.add_argument("--clients", type=int, default=3, help="client processes driving the core's steps")
+    parser.add_argument("--managers", type=int, default=1,
+                        help="processes running the real LockManager (two callers each)")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.monotonic()
     totals = Outcome(-1)
     for seed in seeds:
-        outcome = simulate(seed, seconds=args.seconds, faults=default_faults())
+        outcome = simulate(seed, seconds=args.seconds, faults=default_faults(), clients=args.clients,
+                           managers=args.managers)
         totals.acquired += outcome.acquired
         totals.several += outcome.several
         totals.failed += outcome.failed
@@ -232,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         totals.events += outcome.events
         if outcome.violation:
             print(f"VIOLATION with seed {seed}:\n{outcome.violation}")
-            print(f"replay: python -m tests.simulation.run --seed {seed} --seconds {args.seconds}")
+            print(f"replay: python -m tests.simulation.run --seed {seed} --seconds {args.seconds} "
+                  f"--clients {args.clients} --managers {args.managers}")
             return 1
     took = time.monotonic() - started
     n = len(seeds)
