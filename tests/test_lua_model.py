@@ -63,6 +63,7 @@ class Real:
 def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
     """Commands as the engine writes them, and None for a pause."""
     burst = 0
+    recent: dict[str, str] = {}  # resource -> the value last voted for (a release or extension mostly names it)
     for _ in range(COMMANDS):
         burst += 1
         if burst > MAX_BURST or rng.random() < 0.05:
@@ -72,9 +73,13 @@ def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
         resources = sorted(rng.sample(RESOURCES, rng.choice((1, 1, 1, 2))))
         locks = [CONFIG.key(r) for r in resources]
         value, place = rng.choice(VALUES), rng.choice(PLACES)
+        if resources[0] in recent and rng.random() < 0.6:
+            value = recent[resources[0]]
         ttl, life = rng.choice((SHORT, LONG)), rng.choice((SHORT, LONG))
         kind = rng.choice(("set", "acquire", "acquire", "acquire", "release", "release", "extend", "fence",
                            "inspect", "list", "del", "pttl", "get", "line"))
+        if kind in ("set", "acquire"):
+            recent.update(dict.fromkeys(resources, value))
         if kind == "set":
             yield ("SET", locks[0], value, "NX", "PX", ttl)
         elif kind == "acquire":
@@ -151,14 +156,15 @@ def run_sequence(seed: int, port: int) -> int:
     world = World(seed)
     model = SimNode(world, "model", fsync_always=True)
     start = time.monotonic()
-    compared, history = 0, []
+    compared, history, loaded = 0, [], set()
     try:
         for command in generate(rng):
             if command is None:
                 time.sleep(PAUSE)
                 history.append("pause")
                 continue
-            if command[0] == "EVALSHA" and rng.random() < 0.3:
+            if command[0] == "EVALSHA" and rng.random() < (0.1 if command[1] in loaded else 0.8):
+                loaded.add(command[1])  # mostly as the engine does: EVAL once, then EVALSHA
                 command = ("EVAL", SCRIPTS[command[1]].source, *command[2:])
             before = time.monotonic()
             got = real.execute(command)
