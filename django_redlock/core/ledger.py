@@ -4,21 +4,14 @@ No sockets, no clock reads, no threads here: callers pass the time in and
 hold the node's mutex. The sync and asyncio drivers both keep their books
 with these classes, so the rules are written once:
 
-- **Replies in order.** Every command written to a connection leaves an
-  :class:`Entry` on that connection's queue; each reply read is matched to the
-  oldest entry. A reply nobody waits for any more (the fan-out had already
-  decided) is still read and booked: a late probe is learned, a late release
-  settles its debt.
+- **Replies in order** and **release debts**: see :mod:`django_redlock.core.entries`
+  (re-exported here).
 - **Restart state per connection.** A connection votes only once the probe
   sent on it (INFO server and replication, persistence) has been read: a node
   whose restart state is unknown does not vote (fail closed). What the probes
   of one node's connections learned is compared (:class:`History`): another
   server behind the same address (a promoted replica) sits out as a
   restarted one does. See :func:`vote_refusal`.
-- **Release debts.** Before a value is released on the nodes, each node owes
-  a release of it; a reply that proves the key gone settles the debt. Debts not
-  settled (node down, reply lost, connection dropped) are paid again with the
-  next command written to that node, until the key's ttl has surely passed.
 """
 
 from __future__ import annotations
@@ -26,25 +19,62 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any
 
 from django_redlock.core import forks
+from django_redlock.core.entries import (
+    DEBTS_PER_WRITE,
+    EXTEND,
+    LATE_WORTH_RUNNING,
+    MAX_DEBTS,
+    MINE,
+    OTHER,
+    PART,
+    PROBE_REPLY,
+    RELEASE,
+    SET,
+    STAMP,
+    WAKE,
+    Debt,
+    Entry,
+    Kind,
+    Ledger,
+    Waiter,
+    after_noscript,
+    debt_command,
+    entry_for,
+    pair_of,
+)
 
 __all__ = [
+    "DEBTS_PER_WRITE",
+    "EXTEND",
+    "LATE_WORTH_RUNNING",
+    "MAX_DEBTS",
     "MINE",
+    "OTHER",
+    "PART",
     "PROBE",
+    "PROBE_REPLY",
+    "RELEASE",
+    "SET",
+    "STAMP",
+    "WAKE",
     "Debt",
     "Entry",
     "History",
     "Kind",
     "Ledger",
     "Restart",
+    "after_noscript",
     "config_value",
+    "debt_command",
     "denied",
+    "entry_for",
     "history_for",
     "learn",
     "moved",
+    "pair_of",
     "parse_info",
     "probe_info",
     "sure_uptime",
@@ -60,113 +90,6 @@ PROBE: tuple[tuple[Any, ...], ...] = (
     ("CONFIG", "GET", "appendonly"),
     ("CONFIG", "GET", "appendfsync"),
 )
-
-
-class Kind(IntEnum):
-    """What a reply on a connection answers (an :class:`Entry`'s kind)."""
-
-    OTHER = 0
-    SET = 1  # SET key value NX PX: a vote
-    RELEASE = 2  # the compare-and-delete script
-    PROBE_REPLY = 3
-    WAKE = 4  # BLPOP on a waiter's wake list, sent right before its vote
-    EXTEND = 5  # the extension script
-    STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
-    PART = 7  # a reply of several commands sent as one (see Round.write) before the last: kept for the round
-
-
-OTHER, SET, RELEASE, PROBE_REPLY = Kind.OTHER, Kind.SET, Kind.RELEASE, Kind.PROBE_REPLY
-WAKE, EXTEND, STAMP, PART = Kind.WAKE, Kind.EXTEND, Kind.STAMP, Kind.PART
-
-#: Kinds worth running after their round has ended: a late release or extension only acts while
-#: its value still holds the key (a late vote could leave a key nobody holds).
-LATE_WORTH_RUNNING = (RELEASE, EXTEND)
-
-#: Marks the entry whose reply the current caller waits for.
-MINE = object()
-
-#: How many debts ride along with one command, at most.
-DEBTS_PER_WRITE = 32
-
-#: How many release debts one node's books keep, at most (about 1 KB each). Past it the oldest is
-#: dropped: a debt only frees a key before its ttl would, so a key whose debt is dropped still expires
-#: by itself, at the latest ``MAX_TTL`` after it was written.
-MAX_DEBTS = 4096
-
-
-class Waiter(Protocol):
-    """Who waits for an entry's reply (a round): the books hand it the reply when it is read."""
-
-    def take(self, entry: Entry, reply: Any, now: float) -> object: ...
-
-    def replaced(self, old: Entry, new: Entry, now: float) -> None: ...
-
-
-class Entry:
-    """One command written to a connection whose reply has not been read yet."""
-
-    __slots__ = ("kind", "key", "value", "ttl", "waiter", "retry", "proves")
-
-    def __init__(
-        self,
-        kind: Kind,
-        key: str | None = None,
-        value: str | None = None,
-        ttl: float = 0.0,
-        waiter: Waiter | None = None,
-        retry: tuple[Any, ...] | None = None,
-    ) -> None:
-        self.kind = kind
-        self.key = key
-        self.value = value
-        #: For a SET: how long its key lives once it lands (seconds).
-        self.ttl = ttl
-        #: What to send instead if the reply is NOSCRIPT (the script's source), sent once.
-        self.retry = retry
-        #: Who waits for the reply (the driver's business), or None once nobody does.
-        self.waiter = waiter
-        #: For a RELEASE: a reply of 0 proves the key gone (see :meth:`Ledger.ordered`).
-        self.proves = True
-
-    def __repr__(self) -> str:
-        return f"<Entry {self.kind.name} {self.key!r}>"
-
-
-def pair_of(command: Sequence[Any]) -> tuple[str, str]:
-    """(lock key, holder value) of an ACQUIRE or RELEASE script call: KEYS[1] and ARGV[1]."""
-    return command[3], command[3 + command[2]]
-
-
-def entry_for(command: Sequence[Any], kind: Kind, waiter: Waiter | None, retry: tuple[Any, ...] | None = None) -> Entry:
-    """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
-    if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
-        return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
-    if kind == SET:  # ACQUIRE: KEYS in threes (lock, queue, places); ARGV value, ttl ms, ...
-        key, value = pair_of(command)
-        return Entry(SET, key, value, command[4 + command[2]] / 1000.0, waiter, retry)
-    if kind == RELEASE:
-        key, value = pair_of(command)
-        return Entry(RELEASE, key, value, waiter=waiter, retry=retry)
-    return Entry(kind, waiter=waiter, retry=retry)
-
-
-def debt_command(command: Sequence[Any], source: str) -> tuple[Any, ...]:
-    """How a RELEASE (``command``, an EVALSHA) is paid again later: as an EVAL of its ``source``,
-    deleting the value and waking the line, but never putting a place back (the call that kept it
-    may be over by then; a place that is not restored only costs its call a rejoin)."""
-    keys = command[2]
-    args = list(command[2:])
-    if args[1 + keys + 3] != "":  # ARGV[4], the ticket: a kept place
-        args[1 + keys + 1] = ""  # ARGV[2], the place
-        args[1 + keys + 3] = ""
-    return ("EVAL", source, *args)
-
-
-def after_noscript(entry: Entry) -> Entry:
-    """The entry for the EVAL (``entry.retry``) sent after a NOSCRIPT reply."""
-    again = Entry(entry.kind, entry.key, entry.value, entry.ttl, entry.waiter)
-    again.proves = entry.proves
-    return again
 
 
 # -- restart state ------------------------------------------------------------------
@@ -413,127 +336,3 @@ def failed_over(since: float, left: float) -> str:
         f"another server answers at its address since {since:.0f} s ago (a failover: a promoted replica "
         f"may lack the last locks written); sits out for {math.ceil(left)} s more {DELAYED_RESTART}"
     )
-
-
-# -- release debts -------------------------------------------------------------------
-
-
-class Debt:
-    __slots__ = ("key", "value", "until", "paid_at", "command")
-
-    def __init__(self, key: str, value: str, until: float, paid_at: float, command: tuple[Any, ...]) -> None:
-        self.key = key
-        self.value = value
-        #: The release to send (as EVAL: no NOSCRIPT to handle).
-        self.command = command
-        #: After this (monotonic) time the key has surely expired: forget the debt.
-        self.until = until
-        #: When a release for it was last written (not again while that one is in flight).
-        self.paid_at = paid_at
-
-
-class Ledger:
-    """One node's books: release debts and the SETs still in flight. Guard with the node's mutex.
-
-    A release's reply of 1 settles its debt. A reply of 0 settles it only when
-    no SET of that value can still land on the node: none unanswered on a
-    live connection, none on a connection that was dropped unanswered, and
-    none unanswered on another connection when the release was written (the
-    node may have run the release first: see :meth:`ordered`).
-    """
-
-    def __init__(self, retry_after: float = 0.0, max_debts: int = MAX_DEBTS) -> None:
-        #: A debt just paid is not paid again for this long (its release is still in flight).
-        self.retry_after = retry_after
-        self.max_debts = max_debts
-        #: No debt can be due before this time (saves a walk over the debts on every write).
-        self.next_due = 0.0
-        self.debts: dict[tuple[str, str], Debt] = {}
-        # (key, value) -> SETs written and not answered yet, on live connections
-        self.unanswered: dict[tuple[str, str], int] = {}
-        # (key, value) -> until: SETs written on a connection dropped before they were answered
-        self.lost_sets: dict[tuple[str, str], float] = {}
-
-    def set_sent(self, key: str, value: str) -> None:
-        pair = (key, value)
-        self.unanswered[pair] = self.unanswered.get(pair, 0) + 1
-
-    def set_answered(self, key: str, value: str) -> None:
-        pair = (key, value)
-        left = self.unanswered.get(pair, 0) - 1
-        if left > 0:
-            self.unanswered[pair] = left
-        else:
-            self.unanswered.pop(pair, None)
-
-    def owe(self, key: str, value: str, until: float, now: float, command: tuple[Any, ...]) -> None:
-        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now.
-
-        Debts are kept oldest first. Those whose keys have surely expired go
-        now, not only when a command is next written to the node (a node that
-        stays down is never written to); past :attr:`max_debts` the oldest goes.
-        """
-        debts = self.debts
-        debt = debts.get((key, value))
-        if debt is None:
-            while debts:
-                oldest = next(iter(debts.values()))
-                if oldest.until > now and len(debts) < self.max_debts:
-                    break
-                del debts[(oldest.key, oldest.value)]
-            debts[(key, value)] = Debt(key, value, until, now, command)
-            self.next_due = min(self.next_due, now + self.retry_after) if len(self.debts) > 1 else now + self.retry_after
-        else:
-            debt.until = max(debt.until, until)
-            debt.paid_at = now
-
-    def ordered(self, expect: Sequence[Entry], key: str | None, value: str | None) -> bool:
-        """Whether a release of ``value`` written now behind ``expect`` (its connection's unanswered
-        entries) runs after every SET of that value still unanswered: they are all ahead of it on
-        that connection. One on another connection may reach the node after the release, and its
-        OK be read before the release's 0: that 0 then proves nothing."""
-        pending = self.unanswered.get((key, value), 0)  # type: ignore[arg-type]
-        return not pending or pending == sum(e.kind == SET and e.key == key and e.value == value for e in expect)
-
-    def settle(self, entry: Entry, reply: Any, now: float) -> None:
-        """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
-        pair = (entry.key, entry.value)
-        debt = self.debts.get(pair)  # type: ignore[arg-type]
-        if debt is None:
-            return
-        if reply == 1 or (
-            reply == 0
-            and entry.proves
-            and pair not in self.unanswered
-            and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
-        ):
-            del self.debts[pair]  # type: ignore[arg-type]
-
-    def dropped(self, entries: Sequence[Entry], until: float) -> None:
-        """A connection was dropped with these entries unanswered: their bytes may still arrive."""
-        for entry in entries:
-            if entry.kind == SET:
-                pair = (entry.key, entry.value)
-                self.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
-                self.lost_sets[pair] = max(self.lost_sets.get(pair, 0.0), until)  # type: ignore[index,arg-type]
-                debt = self.debts.get(pair)  # type: ignore[arg-type]
-                if debt is not None:
-                    debt.until = max(debt.until, until)
-
-    def due(self, now: float, retry_after: float) -> list[Debt]:
-        """Debts to pay with the next write to this node (marked as paid now)."""
-        if now < self.next_due:
-            return []
-        if self.lost_sets:
-            for pair, until in list(self.lost_sets.items()):
-                if until <= now:
-                    del self.lost_sets[pair]
-        out: list[Debt] = []
-        for pair, debt in list(self.debts.items()):
-            if debt.until <= now:
-                del self.debts[pair]
-            elif now - debt.paid_at >= retry_after and len(out) < DEBTS_PER_WRITE:
-                debt.paid_at = now
-                out.append(debt)
-        self.next_due = min((d.paid_at + retry_after for d in self.debts.values()), default=now)
-        return out
