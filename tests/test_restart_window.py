@@ -75,7 +75,7 @@ def hold_on_abc(holder, servers, resource):
 
 
 def test_restarted_node_whose_first_replies_come_late_does_not_vote(servers):
-    """Issue 10, item 1: C restarts empty and is slow exactly when client 2 first talks to it."""
+    """C restarts empty and is slow exactly when client 2 first talks to it."""
     first = manager(servers.urls, ttl=2, max_ttl=2, retry_count=0)
     second = manager(servers.urls, ttl=2, max_ttl=2, retry_count=0)
     try:
