@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import base
+from django_redlock.core.adoption import Adoption
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
 
 if TYPE_CHECKING:
@@ -243,8 +244,8 @@ def acquire(
 
 
 def adopt(config: base.ManagerConfig, quorum: int, names: Sequence[str], resource: Any, token: Any) -> Step:
-    """Read the lock keys of a hand-off; returns ``(adoption, started, seconds held)``. See :class:`base.Adoption`."""
-    adoption = base.Adoption(config, resource, token)
+    """Read the lock keys of a hand-off; returns ``(adoption, started, seconds held)``. See :class:`~django_redlock.core.adoption.Adoption`."""
+    adoption = Adoption(config, resource, token)
     total = len(names)
     started = yield NOW
     replies = yield Fan(

@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from django_redlock.core import base, status, steps
-from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource, quorum_of
+from django_redlock.core.adoption import Adoption
+from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource
 from django_redlock.core.extender import Extender
-from django_redlock.core.lock import HeldLocks, Lock, LockBase, LockContext
+from django_redlock.core.lock import Lock, LockBase, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, fanout, parse_nodes
+from django_redlock.core.owners import HeldLocks
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.status import status_of
@@ -56,7 +58,7 @@ class ManagerBase:
             max_ttl=max_ttl,
         )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
-        self.quorum = quorum_of(len(self.node_list))
+        self.quorum = base.quorum_of(len(self.node_list))  # looked up on base: a simulator mutant patches it
         self._held = HeldLocks()
 
     @property
@@ -99,7 +101,7 @@ class ManagerBase:
         return steps.adopt(self.config, self.quorum, self.nodes, resource, token)
 
     def _adopted(
-        self, found: tuple[base.Adoption, float, float], lock_class: type[_L], ttl: Any, fencing_token: int | None
+        self, found: tuple[Adoption, float, float], lock_class: type[_L], ttl: Any, fencing_token: int | None
     ) -> _L:
         """The handle of a lock held elsewhere: its stored value, valid as long as a quorum keeps it."""
         adoption, started, held_for = found

@@ -1,0 +1,342 @@
+"""A manager's settings, validated: the arguments' checks, :class:`ManagerConfig` (keys, commands,
+drift, the injected clocks and holder maker) and :class:`Hooks`. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from django_redlock.core import clock
+from django_redlock.core.records import Holder
+from django_redlock.core.scripts import INSPECT, LIST, RELEASE, script_command
+
+if TYPE_CHECKING:
+    from django_redlock.core.lock import LockBase
+    from django_redlock.exceptions import LockNotAcquired
+
+__all__ = [
+    "DEFAULT_MAX_TTL",
+    "DRIFT_CONSTANT",
+    "MAX_RESOURCES",
+    "MAX_RESOURCE_LENGTH",
+    "PLACE_MARGIN",
+    "TOKEN_BYTES",
+    "WAIT_SLICE",
+    "Hooks",
+    "ManagerConfig",
+    "Resources",
+    "call_hook",
+    "check_count",
+    "check_flag",
+    "check_label",
+    "check_resource",
+    "check_resources",
+    "check_seconds",
+    "check_ttl",
+    "check_wait",
+    "ms",
+    "name_of",
+    "new_holder",
+    "new_token",
+    "wall_us",
+]
+
+#: What ``acquire()`` and ``lock()`` take: one resource, or several to lock together.
+Resources = str | Iterable[str]
+
+#: Fixed part of the drift allowance (the spec's "2 milliseconds").
+DRIFT_CONSTANT = 0.002
+#: The longest ttl any client may use unless configured otherwise (seconds).
+DEFAULT_MAX_TTL = 60.0
+MAX_RESOURCE_LENGTH = 1024
+#: The most resources one lock may take at once (all or nothing).
+MAX_RESOURCES = 1000
+TOKEN_BYTES = 20
+#: The longest single wait in line: a waiter votes again at least this often.
+WAIT_SLICE = 0.5
+#: A place in line outlives its waiter's current wait by this much; a waiter
+#: that dies holds up the line at most ``WAIT_SLICE + PLACE_MARGIN``.
+PLACE_MARGIN = 1.0
+
+
+class Hooks:
+    """Callbacks the engine runs on lock events. Subclass and override what you need.
+
+    A hook must be quick and must not raise; exceptions from hooks are swallowed
+    so that they can never leave a lock behind.
+    """
+
+    def acquired(self, lock: LockBase) -> None:
+        """A lock was acquired on a quorum."""
+
+    def released(self, lock: LockBase) -> None:
+        """A lock was released."""
+
+    def extended(self, lock: LockBase) -> None:
+        """A lock's ttl was extended on a quorum."""
+
+    def lost(self, lock: LockBase, reason: str) -> None:
+        """A held lock was found expired or taken over."""
+
+    def not_acquired(self, resource: str, error: LockNotAcquired) -> None:
+        """An acquisition gave up."""
+
+
+def call_hook(hooks: Hooks | None, name: str, *args: Any) -> None:
+    if hooks is None:
+        return
+    try:
+        getattr(hooks, name)(*args)
+    except Exception:  # noqa: BLE001 - a hook must never break locking
+        import logging
+
+        logging.getLogger("django_redlock").exception("redlock hook %s failed", name)
+
+
+def check_resource(resource: Any) -> str:
+    if not isinstance(resource, str):
+        raise ValueError(f"resource must be a non-empty string; got {type(resource).__name__}.")
+    if not resource:
+        raise ValueError("resource must be a non-empty string.")
+    if len(resource) > MAX_RESOURCE_LENGTH:
+        raise ValueError(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
+    if _CONTROL.search(resource):
+        raise ValueError("resource must not contain control characters.")
+    return resource
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def check_resources(resources: Any) -> tuple[str, ...]:
+    """One resource (a string) or several (an iterable of strings): sorted, each once."""
+    if isinstance(resources, str):
+        return (check_resource(resources),)
+    if type(resources) is tuple and len(resources) == 1:
+        return (check_resource(resources[0]),)
+    if isinstance(resources, (bytes, bytearray)) or not hasattr(resources, "__iter__"):
+        raise ValueError(
+            f"resource must be a non-empty string, or a list of them to lock several at once; "
+            f"got {type(resources).__name__}."
+        )
+    names = sorted({check_resource(r) for r in resources})
+    if not names:
+        raise ValueError("resources must name at least one resource; got an empty collection.")
+    if len(names) > MAX_RESOURCES:
+        raise ValueError(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
+    return tuple(names)
+
+
+def name_of(resources: Sequence[str]) -> str:
+    """How a lock on ``resources`` is named in messages, hooks and signals."""
+    return ", ".join(resources)
+
+
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+@overload
+def check_seconds(value: object, argument: str, *, allow_none: bool, allow_zero: bool = ...) -> float | None: ...
+def check_seconds(value: object, argument: str, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ValueError(f"{argument} must be a number of seconds, not None.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{argument} must be a number of seconds; got {type(value).__name__}.")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{argument} must be a finite number of seconds; got {value}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        expected = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{argument} must be {expected} seconds; got {value}.")
+    return value
+
+
+def check_count(value: object, argument: str, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{argument} must be a whole number >= 0; got {value!r}.")
+    return value
+
+
+def check_flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{argument} must be True or False; got {value!r}.")
+    return value
+
+
+def check_wait(blocking: Any, timeout: Any) -> float | None:
+    """``timeout`` for an acquire: seconds to wait in line, which only a blocking call does."""
+    check_flag(blocking, "blocking")
+    seconds = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
+    if not blocking and seconds is not None:
+        raise ValueError(
+            f"timeout={timeout!r} cannot be used with blocking=False: a non-blocking acquire makes one "
+            "attempt and never waits. Pass blocking=True to wait up to the timeout, or drop the timeout."
+        )
+    return seconds
+
+
+def check_label(label: Any) -> str | None:
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
+    return label
+
+
+def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
+    if ttl is None:
+        return default
+    value = check_seconds(ttl, argument)
+    assert value is not None
+    if value < 0.01:
+        raise ValueError(f"{argument} must be at least 0.01 seconds (10 ms); got {value}.")
+    return value
+
+
+class ManagerConfig:
+    """Validated settings shared by :class:`LockManager` and :class:`AsyncLockManager`."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 30.0,
+        retry_count: int | None = 3,
+        retry_delay: float = 0.2,
+        retry_jitter: float = 0.1,
+        clock_drift_factor: float = 0.01,
+        node_timeout: float = 0.05,
+        key_prefix: str = "redlock:",
+        max_extensions: int | None = 100,
+        label: str | None = None,
+        hooks: Hooks | None = None,
+        restart_window: float | None = None,
+        max_ttl: float = DEFAULT_MAX_TTL,
+    ) -> None:
+        self.max_ttl = check_ttl(max_ttl, DEFAULT_MAX_TTL, "max_ttl")
+        self.ttl = self.lock_ttl(ttl, 30.0)
+        self.retry_count = check_count(retry_count, "retry_count", allow_none=True)
+        self.retry_delay = check_seconds(retry_delay, "retry_delay", allow_zero=True)
+        self.retry_jitter = check_seconds(retry_jitter, "retry_jitter", allow_zero=True)
+        drift = check_seconds(clock_drift_factor, "clock_drift_factor", allow_zero=True)
+        assert drift is not None
+        if drift >= 0.5:
+            raise ValueError(f"clock_drift_factor must be below 0.5 (a fraction of the ttl); got {drift}.")
+        self.clock_drift_factor = drift
+        window = check_seconds(restart_window, "restart_window", allow_none=True, allow_zero=True)
+        if window is None:
+            window = self.max_ttl + self.drift(self.max_ttl)
+        elif 0 < window < self.max_ttl:
+            raise ValueError(
+                f"restart_window ({window} s) is shorter than max_ttl ({self.max_ttl} s): a node restarted "
+                "empty would vote again while locks it forgot are still valid. Use a window >= max_ttl, "
+                "or 0 to turn the delayed-restart rule off (only for nodes that fsync every write, or tests)."
+            )
+        #: How long a node restarted without fsync-always persistence sits out (0: rule off).
+        self.restart_window = window
+        #: The clock validity is measured on (:mod:`.clock`; the simulator gives each client its own).
+        self.clock: Callable[[], float] = clock.now
+        #: The wall clock in microseconds (waiting-line tickets, the floor of fencing tokens).
+        self.wall_us: Callable[[], int] = wall_us
+        #: Makes the holder of each attempt (the simulator makes them from its seed).
+        self.make_holder: Callable[[str | None], Holder] = new_holder
+        timeout = check_seconds(node_timeout, "node_timeout")
+        assert timeout is not None
+        self.node_timeout = timeout
+        if not isinstance(key_prefix, str):
+            raise ValueError(f"key_prefix must be a string; got {type(key_prefix).__name__}.")
+        self.key_prefix = key_prefix
+        self.max_extensions = check_count(max_extensions, "max_extensions", allow_none=True)
+        self.label = check_label(label)
+        if hooks is not None and not isinstance(hooks, Hooks):
+            raise ValueError("hooks must be an instance of django_redlock.core.Hooks.")
+        self.hooks = hooks
+
+    def key(self, resource: str) -> str:
+        return f"{self.key_prefix}lock:{resource}"
+
+    def line_keys(self, resource: str) -> tuple[str, str, str]:
+        """The lock key, the waiting line's order and its places."""
+        prefix = self.key_prefix
+        return f"{prefix}lock:{resource}", f"{prefix}queue:{resource}", f"{prefix}places:{resource}"
+
+    def script_keys(self, resources: Sequence[str]) -> list[str]:
+        """ACQUIRE's and RELEASE's KEYS: the line keys of each resource, in threes."""
+        return [key for resource in resources for key in self.line_keys(resource)]
+
+    def wake_prefix(self, resource: str) -> str:
+        return f"{self.key_prefix}wake:{resource}:"
+
+    def inspect_command(self, keys: Sequence[str]) -> tuple[Any, ...]:
+        """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""
+        lock_head, _, places_head = self.line_keys("")  # the script names each line from these heads
+        return script_command(INSPECT, keys, (lock_head, places_head))
+
+    def list_command(self, cursor: str, pattern: str, count: int, fields: str, safe: bool = False) -> tuple[Any, ...]:
+        """LIST from ``cursor``: the next keys matching ``pattern``, with ``fields`` read of each
+        (see the script); ``safe`` for a reply whose columns are arrays."""
+        lock_head, _, places_head = self.line_keys("")
+        return script_command(LIST, (), (cursor, pattern, count, fields, lock_head, places_head, "1" if safe else ""))
+
+    def pattern(self, head: str, match: str | None = None) -> str:
+        """A SCAN pattern for the keys starting with ``head`` (and containing ``match`` after it)."""
+        pattern = _glob_escape(head) + "*"
+        return pattern + _glob_escape(match) + "*" if match else pattern
+
+    def release_command(
+        self, resources: Sequence[str], value: str, place: str = "", keep: tuple[int, int] | None = None
+    ) -> tuple[Any, ...]:
+        """Compare-and-delete ``value``; leave the lines with ``place`` (or, with ``keep`` = (ticket,
+        place lifetime ms), stay in them); wake the first waiter of each."""
+        life = ms(WAIT_SLICE + PLACE_MARGIN) if keep is None else keep[1]
+        prefixes = [self.wake_prefix(resource) for resource in resources]
+        ticket = "" if keep is None else keep[0]
+        return script_command(RELEASE, self.script_keys(resources), (value, place, life, ticket, *prefixes))
+
+    def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
+        """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
+        value = check_ttl(ttl, default, argument)
+        if value > self.max_ttl:
+            raise ValueError(
+                f"{argument} ({value} s) is above max_ttl ({self.max_ttl} s), the longest ttl any client of "
+                "these nodes may use (the delayed-restart window is built on it). Keep long work alive with "
+                "auto_extend=True or extend(), or raise max_ttl (REDLOCK['MAX_TTL']) in every client."
+            )
+        return value
+
+    def fence_key(self, resource: str) -> str:
+        return f"{self.key_prefix}fence:{resource}"
+
+    def drift(self, ttl: float) -> float:
+        return ttl * self.clock_drift_factor + DRIFT_CONSTANT
+
+    def retry_pause(self) -> float:
+        low = max(0.0, self.retry_delay - self.retry_jitter)
+        high = self.retry_delay + self.retry_jitter
+        return random.uniform(low, high)  # noqa: S311 - spreading retries, not secrets
+
+
+def wall_us() -> int:
+    """The wall clock, in whole microseconds."""
+    return time.time_ns() // 1000
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_BYTES)
+
+
+def new_holder(label: str | None) -> Holder:
+    return Holder.new(new_token(), label)
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
