@@ -399,9 +399,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     # A release held up by a restart (NOSCRIPT, late) must be paid later (a scripted case).
     "release without its debt": (release_without_its_debt, {}),
     # These need the real manager's processes (sim_manager.py): several callers, holds, the watchdog.
-    "reentrancy keyed on the thread": (reentrancy_keyed_on_the_thread, {}),
-    "loss at the hold's exit swallowed": (loss_swallowed, {}),
-    "watchdog extends after the release": (watchdog_ignores_the_release, {}),
+    "reentrancy keyed on the thread": (reentrancy_keyed_on_the_thread, {"managers": 1}),
+    "loss at the hold's exit swallowed": (loss_swallowed, {"managers": 1}),
+    "watchdog extends after the release": (watchdog_ignores_the_release, {"managers": 1}),
 }
 
 
@@ -418,7 +418,8 @@ def hunt(name: str, *, seeds: int = 200, budget: float = 30.0, first: int = 0) -
             if scenario is not None:
                 outcome = scenario(seed, **options)
             else:
-                outcome = simulate(seed, faults=default_faults(), **options)
+                # Only the mutants of the manager, its locks, holds and watchdog need its processes.
+                outcome = simulate(seed, faults=default_faults(), **{"managers": 0, **options})
             if outcome.violation:
                 return outcome, time.monotonic() - started, ran
             if time.monotonic() - started > budget:
