@@ -255,8 +255,8 @@ class SimProcess:
         command = next((c for c in fan.commands if c is not None), None)
         if command is None:
             return
-        if fan.script is RELEASE and fan.owe is not None:
-            value = fan.owe[1]
+        if fan.script is RELEASE:
+            value = command[3 + int(command[2])]  # EVALSHA sha numkeys keys... value
             held = self.holding.pop(value, None)
             if held is not None:
                 lock, call = held
