@@ -143,7 +143,7 @@ def restarted_node_that_turns_fsync_on(seed: int) -> Sim:
 
 
 def restarted_node_whose_first_reply_is_late(seed: int) -> Sim:
-    """Issue 10, item 1: node 2 restarts empty under A's lock and is paused when B first talks to it."""
+    """Node 2 restarts empty under A's lock and is paused when B first talks to it."""
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
     a = SimClient(sim, "a", ttl=TTL)
     b = SimClient(sim, "b", ttl=TTL)
@@ -226,7 +226,7 @@ def replica_promoted_behind_a_node(seed: int) -> Sim:
 
 
 def majority_paused_past_the_stale_limit(seed: int) -> Sim:
-    """Issue 10, item 14: B's SETs wait on three paused nodes; nothing may be left once they resume."""
+    """B's SETs wait on three paused nodes; nothing may be left once they resume."""
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
     b = SimClient(sim, "b", ttl=TTL)
     c = SimClient(sim, "c", ttl=TTL)
@@ -246,7 +246,7 @@ def majority_paused_past_the_stale_limit(seed: int) -> Sim:
 
 
 def late_release_of_an_earlier_attempt(seed: int) -> Sim:
-    """Issue 10, item 3: attempt 1's release, held in the network, lands after attempt 2 won.
+    """Attempt 1's release, held in the network, lands after attempt 2 won.
 
     The ttl (2 s) outlives the winner's place in line (its slice + PLACE_MARGIN = 1.5 s): once
     the place is forgotten, only the lock key keeps B out.
@@ -309,7 +309,7 @@ def _still_there(sim: Sim, key: str, value: str, what: str) -> None:
 
 
 def cancelled_acquire(seed: int) -> Sim:
-    """Issue 10, item 5: the caller is cancelled while the vote is out; what was set is released."""
+    """The caller is cancelled while the vote is out; what was set is released."""
     import asyncio
 
     sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
@@ -333,7 +333,7 @@ def cancelled_acquire(seed: int) -> Sim:
 
 
 def late_noscript_for_a_release(seed: int) -> Sim:
-    """Issue 10, item 12: a node restarted (data kept, scripts forgotten) answers the release NOSCRIPT, late."""
+    """A node restarted (data kept, scripts forgotten) answers the release NOSCRIPT, late."""
     # The restart resets connections (a silent power loss is another case: a stale connection).
     sim = build(seed, ttl=TTL, net=NetConfig(late_chance=0.0, silent_crash_chance=0.0), share=0.0, fsync_always=True)
     a = SimClient(sim, "a", ttl=TTL)
