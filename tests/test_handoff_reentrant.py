@@ -141,6 +141,45 @@ def test_reentrant_locks_count_entries_and_release_on_the_outermost(mgr, servers
     eventually(lambda: stored(servers, "ra") == stored(servers, "rb") == [None] * len(servers))
 
 
+def test_one_hold_entered_again_within_itself_releases_at_its_outermost_exit(mgr, servers):
+    """A recursive function guarding itself with one ``manager.lock(..., reentrant=True)``: each
+    exit leaves its own entry, and the outermost releases the lock."""
+    hold = mgr.lock("recursive", reentrant=True, auto_extend=True)
+    entered = []
+
+    def walk(depth):
+        with hold as lock:
+            entered.append(lock._depth)
+            if depth:
+                walk(depth - 1)
+        return lock
+
+    lock = walk(2)
+    assert entered == [1, 2, 3]
+    assert lock.released and not lock.lost
+    assert not mgr.is_locked("recursive")
+    assert hold.leave() is None  # nothing left to leave
+
+
+async def test_one_async_hold_entered_again_within_itself_releases_at_its_outermost_exit(servers):
+    m = AsyncLockManager(servers.urls, restart_window=0)
+    hold = m.lock("recursive-async", reentrant=True, auto_extend=True)
+
+    async def walk(depth):
+        async with hold as lock:
+            if depth:
+                await walk(depth - 1)
+        return lock
+
+    try:
+        lock = await walk(2)
+        assert lock.released and not lock.lost
+        assert not await m.is_locked("recursive-async")
+        assert await hold.leave() is None
+    finally:
+        await m.aclose()
+
+
 def test_reentry_is_per_thread(mgr):
     outer = mgr.acquire("per-thread", reentrant=True)
     got = []

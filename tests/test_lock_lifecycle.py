@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import select
@@ -13,11 +14,11 @@ import traceback
 import pytest
 import redis
 
-from django_redlock.core import Hooks, LockManager
+from django_redlock.core import AsyncLockManager, Hooks, LockManager
 from django_redlock.core import sync_manager as manager_module
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
-from tests.conftest import eventually
+from tests.conftest import eventually, eventually_async
 
 
 def client(server):
@@ -321,3 +322,77 @@ def test_close_reads_the_replies_a_release_left_coming(servers):
         mgr.close()
         assert not any(node.books.ledger.debts for node in mgr.node_list)
         assert not any(node.books.parked or node.books.idle for node in mgr.node_list)
+
+
+def test_one_hold_shared_by_threads_leaves_each_callers_own_lock(mgr):
+    """``guard = manager.lock(...)`` used by several threads, as one would a ``threading.Lock``: a
+    holder whose lock expired in its block reports its own loss at its exit and leaves alone the
+    lock the next holder took through the same hold."""
+    guard = mgr.lock("shared-hold", ttl=0.3)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with guard as lock:
+                first_in.set()
+                eventually(lambda: lock.validity == 0)
+                assert second_in.wait(10)  # the next holder took the lock meanwhile
+            seen["first"] = "left without a loss"
+        except LockLost as exc:
+            seen["first"] = exc
+        finally:
+            first_out.set()
+
+    def second() -> None:
+        assert first_in.wait(10)
+        with guard as lock:
+            second_in.set()
+            assert first_out.wait(10)
+            seen["second held"] = lock.locked() and mgr.is_locked("shared-hold")
+        seen["second"] = "clean"
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert isinstance(seen["first"], LockLost), seen
+    assert seen["second held"] is True
+    assert seen["second"] == "clean"
+    assert not mgr.is_locked("shared-hold")
+
+
+async def test_one_async_hold_shared_by_tasks_leaves_each_callers_own_lock(servers):
+    m = AsyncLockManager(servers.urls, restart_window=0, retry_delay=0.05)
+    guard = m.lock("shared-hold-async", ttl=0.3)
+    second_in, first_out = asyncio.Event(), asyncio.Event()
+    seen: dict[str, object] = {}
+
+    async def first() -> None:
+        try:
+            async with guard as lock:
+                await eventually_async(lambda: lock.validity == 0)
+                second = asyncio.ensure_future(second_holder())
+                await asyncio.wait_for(second_in.wait(), 10)
+            seen["first"] = "left without a loss"
+        except LockLost as exc:
+            seen["first"] = exc
+        finally:
+            first_out.set()
+        await second
+
+    async def second_holder() -> None:
+        async with guard as lock:
+            second_in.set()
+            await asyncio.wait_for(first_out.wait(), 10)
+            seen["second held"] = lock.locked() and await m.is_locked("shared-hold-async")
+        seen["second"] = "clean"
+
+    try:
+        await first()
+    finally:
+        await m.aclose()
+    assert isinstance(seen["first"], LockLost), seen
+    assert seen["second held"] is True
+    assert seen["second"] == "clean"

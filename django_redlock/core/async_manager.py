@@ -84,27 +84,26 @@ class AsyncLockContext(ContextBase[AsyncLock]):
     """
 
     manager: AsyncLockManager
-    _task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncLock:
         lock = await self.manager.acquire(self.resource, **self.kwargs)
-        self._task = None
-        if self._entered(lock):
-            self._task = asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost))
+        self._entered(lock, lambda: asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost)))
         return lock
 
     async def leave(self, raised: bool = False) -> LockLost | None:
         """Stop keeping the lock alive and release it (this entry of it); return the loss to report,
-        or None (see :meth:`LockBase._loss_to_report`). Idempotent: only the first call releases."""
-        lock = self._leaving()
-        if lock is None:
+        or None (see :meth:`LockBase._loss_to_report`). Each call leaves one entry: once all are
+        left, a call does nothing."""
+        entry = self._leaving()
+        if entry is None:
             return None
+        lock, task = entry
         try:
-            if self._task is not None:
-                self._task.cancel()
+            if task is not None:
+                task.cancel()
                 # wait() does not raise the keep-alive's own cancellation; a cancellation
                 # of the caller still propagates, after the release below.
-                await asyncio.wait({self._task})
+                await asyncio.wait({task})
         finally:
             await lock.release()
         return lock._loss_to_report(raised)
@@ -112,10 +111,10 @@ class AsyncLockContext(ContextBase[AsyncLock]):
     def leave_from_thread(self, via: LockManager) -> LockLost | None:
         """:meth:`leave` from a thread without this lock's loop (a server closing a streamed
         response): the release goes through ``via``, a manager of the same nodes."""
-        lock = self._leaving()
-        if lock is None:
+        entry = self._leaving()
+        if entry is None:
             return None
-        task = self._task
+        lock, task = entry
         if task is not None and not task.done():
             try:
                 task.get_loop().call_soon_threadsafe(task.cancel)

@@ -435,20 +435,37 @@ class ContextBase(Generic[_L]):
         self.on_lost = on_lost
         #: The lock, once entered.
         self.lock: _L | None = None
-        self._left = True  # nothing to leave until entered
+        # The entries not left yet, innermost last: this hold may be entered again within itself
+        # (reentrant=True), and by several callers (one hold shared by threads or tasks, as one
+        # would share a threading.Lock); each exit leaves one. With each, what keeps it alive.
+        self._entries: list[tuple[_L, Any]] = []
 
-    def _entered(self, lock: _L) -> bool:
+    def _entered(self, lock: _L, keeper: Callable[[], Any] | None = None) -> bool:
         """Note the lock just acquired; True when this entry is to keep it alive (a re-entered
-        lock is kept alive by its outer entry, or not at all)."""
-        self.lock, self._left = lock, False
-        return self.auto_extend and lock._depth == 1
+        lock is kept alive by its outer entry, or not at all). Then ``keeper()`` starts that, and
+        what it returns (an async task) stays with this entry."""
+        keeps = self.auto_extend and lock._depth == 1
+        self.lock = lock
+        self._entries.append((lock, keeper() if keeps and keeper is not None else None))
+        return keeps
 
-    def _leaving(self) -> _L | None:
-        """The lock to release now, once: None when not entered or already left."""
-        if self._left:
-            return None
-        self._left = True
-        return self.lock
+    def _leaving(self) -> tuple[_L, Any] | None:
+        """The entry to leave now (its lock, its keeper), once: None when none is left. The caller's
+        innermost one: a holder whose lock expired must not leave the lock of whoever took it next
+        through the same hold. A caller that entered none (a streamed response closed by the
+        server's thread) leaves the innermost."""
+        entries = self._entries
+        while entries:
+            try:
+                entry = entries[-1]
+                if len(entries) > 1:
+                    me = owners.caller()[0]
+                    entry = next((e for e in reversed(entries) if e[0]._owner() is me), entry)
+                entries.remove(entry)
+                return entry
+            except (IndexError, ValueError):  # taken by an exit on another thread meanwhile: look again
+                continue
+        return None
 
 
 class LockContext(ContextBase[Lock]):
@@ -476,10 +493,12 @@ class LockContext(ContextBase[Lock]):
 
     def leave(self, raised: bool = False) -> LockLost | None:
         """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,
-        or None (see :meth:`LockBase._loss_to_report`). Idempotent: only the first call releases."""
-        lock = self._leaving()
-        if lock is None:
+        or None (see :meth:`LockBase._loss_to_report`). Each call leaves one entry: once all are
+        left, a call does nothing."""
+        entry = self._leaving()
+        if entry is None:
             return None
+        lock = entry[0]
         lock.release()
         return lock._loss_to_report(raised)
 
