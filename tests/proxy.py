@@ -61,6 +61,8 @@ class Proxy:
       for server->client bytes.
     * ``delay_requests`` / ``delay_replies``: seconds to wait before forwarding
       each chunk (applied in the pumping thread, so order is kept).
+    * ``split_replies``: seconds between the first byte of each server->client chunk
+      and the rest (a reply that arrives in two packets, the second late).
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
     * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
       command went through (everything later is lost, both ways) and its end.
@@ -82,6 +84,7 @@ class Proxy:
         self.holding_replies = False
         self.delay_requests = 0.0
         self.delay_replies = 0.0
+        self.split_replies = 0.0
         self.closed = False
         self.cut_pattern: bytes | None = None
         self.cut = False  # a partition: every byte, both ways, on every connection, is lost
@@ -353,10 +356,19 @@ class Proxy:
                 self.cond.notify_all()
                 if pipe.client_closed:
                     continue
-                try:
-                    pipe.client.sendall(data)
-                except OSError:
-                    pass
+                split = self.split_replies if len(data) > 1 else 0.0
+                if not split:
+                    try:
+                        pipe.client.sendall(data)
+                    except OSError:
+                        pass
+                    continue
+            try:  # the first byte now, the rest late (outside the lock: the controls stay usable)
+                pipe.client.sendall(data[:1])
+                time.sleep(split)
+                pipe.client.sendall(data[1:])
+            except OSError:
+                pass
         with self.cond:
             pipe.upstream_closed = True
             self.cond.notify_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -13,10 +14,12 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_redlock.core import LockManager
+from django_redlock.core import AsyncLockManager, LockManager
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 from django_redlock.testing import RedisServer
+
+from tests.proxy import Proxy
 
 
 # -- TLS and ACL ---------------------------------------------------------------
@@ -165,6 +168,46 @@ def test_broken_majority_fails_fast_and_leaves_nothing(servers, mode):
     finally:
         for fake in fakes:
             fake.close()
+
+
+@pytest.mark.parametrize("engine", ["sync", "asyncio"])
+def test_replies_split_across_packets_do_not_stretch_a_round_past_its_timeout(servers, engine):
+    """Every node's replies arrive in two packets, the second one 1 s late: each is a slow node.
+    A failed acquire (its round and the release round after it) ends at about two node timeouts,
+    not one node timeout per node per round spent waiting for the rest of a reply."""
+    node_timeout = 0.1
+    proxies = [Proxy(server.port).start() for server in servers]
+    kwargs = dict(ttl=10.0, retry_count=0, node_timeout=node_timeout, restart_window=0)
+    try:
+        if engine == "sync":
+            mgr = LockManager([p.url for p in proxies], **kwargs)
+            mgr.acquire("split-warm").release()  # connections made before the replies split
+            for proxy in proxies:
+                proxy.split_replies = 1.0
+            started = time.monotonic()
+            with pytest.raises(LockNotAcquired):
+                mgr.acquire("split")
+            took = time.monotonic() - started
+            mgr.close()
+        else:
+
+            async def run() -> float:
+                amgr = AsyncLockManager([p.url for p in proxies], **kwargs)
+                await (await amgr.acquire("split-warm")).release()
+                for proxy in proxies:
+                    proxy.split_replies = 1.0
+                started = time.monotonic()
+                with pytest.raises(LockNotAcquired):
+                    await amgr.acquire("split")
+                took = time.monotonic() - started
+                await amgr.aclose()
+                return took
+
+            took = asyncio.run(run())
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    assert took < 6 * node_timeout, f"a failed acquire took {took * 1000:.0f} ms (node timeout 100 ms)"
 
 
 # -- hostile names -------------------------------------------------------------------

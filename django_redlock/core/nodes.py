@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from django_redlock.core import clock
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.node_spec import NodeConfig, NodeSpec, config_from_spec, describe, parse_specs
-from django_redlock.core.resp import pack
+from django_redlock.core.resp import INCOMPLETE, pack
 from django_redlock.core.rounds import (
     IDLE_CHECK,
     MAX_PENDING,
@@ -104,8 +104,8 @@ class Node(NodeConfig):
         books = self.books
         for conn in list(books.parked):
             try:
-                while conn.expect and conn.can_read(0):
-                    read_booked(books, conn)
+                while conn.expect and read_booked(books, conn, wait=False) is not None:
+                    pass
             except (RedisError, OSError, ValueError):
                 books.drop(conn, now)
                 _disconnect(conn)
@@ -248,20 +248,27 @@ Done = Callable[[list[Any]], bool]
 
 
 def read_booked(
-    books: NodeBooks[Wire], conn: Wire, mutex: threading.Lock | None = None, rnd: Round[Wire] | None = None
-) -> bool:
+    books: NodeBooks[Wire],
+    conn: Wire,
+    mutex: threading.Lock | None = None,
+    rnd: Round[Wire] | None = None,
+    wait: bool = True,
+) -> bool | None:
     """Read the next reply on ``conn`` and have the books book it (:meth:`NodeBooks.book`, with the
     time it was read); True when it was ``rnd``'s own, now taken.
 
     Error replies are booked as exceptions; a broken connection raises. After
     a NOSCRIPT the script's source is sent at once. Pass the node's ``mutex``
     when the caller does not hold it: booking, taking and the check-in happen
-    under one acquisition.
+    under one acquisition. Without ``wait``, only a reply that has fully
+    arrived is read: None when none has (the rest of one may be on its way).
     """
     try:
-        reply = conn.read_response()
+        reply = conn.read_response() if wait else conn.arrived_reply()
     except ResponseError as exc:
         reply = exc
+    if reply is INCOMPLETE:
+        return None
     now = clock.now()
     try:
         if mutex is None:
@@ -409,16 +416,17 @@ def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[i
 
 
 def _read_ours(node: Node, rnd: Round[Wire], conn: Wire) -> bool:
-    """Read replies on ``conn`` until ours was taken (True) or nothing more has arrived (False)."""
+    """Read replies on ``conn`` until ours was taken (True) or no whole reply more has arrived (False)."""
     while True:
-        if read_booked(node.books, conn, node._mutex, rnd):
-            return True
-        if not conn.can_read(0):
+        taken = read_booked(node.books, conn, node._mutex, rnd, wait=False)
+        if taken is None:
             return False
+        if taken:
+            return True
 
 
 def _has_buffered(conn: Wire) -> bool:
     try:
-        return conn.buffered()
+        return conn.tls_buffered()
     except Exception:  # noqa: BLE001
         return False

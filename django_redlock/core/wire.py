@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -102,23 +102,54 @@ class Wire(ConnState):
 
     def _take_arrived(self) -> bool:
         """Buffer what has already arrived, with one recv (no poll first); False when nothing has."""
-        try:
-            data = self._sock.recv(262144)
-        except BlockingIOError:
+        data = self._arrived()
+        if data is None:
             return False
+        self._replies.feed(data)
+        return True
+
+    def _arrived(self) -> bytes | None:
+        """The bytes that already arrived (None: none), without waiting for any."""
+        if self.tls and not (self._sock.pending() or _ready(self.fd, select.POLLIN, 0)):
+            return None
+        try:
+            data: bytes = self._sock.recv(262144)
+        except BlockingIOError:
+            return None
+        except socket.timeout:
+            raise RedisTimeoutError("Timeout reading from socket") from None
         except OSError as exc:
             raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
         if not data:
             raise RedisConnectionError("Connection closed by server.")
-        self._replies.feed(data)
-        return True
+        return data
+
+    def arrived_reply(self) -> Any:
+        """The next reply if all of it has arrived, else :data:`~django_redlock.core.resp.INCOMPLETE`;
+        waits for nothing.
+
+        A reply that comes in several packets is taken once its last one is
+        here: the fan-out polls for it with its other nodes, until its own
+        deadline, rather than blocking on one socket. Error replies are raised.
+        """
+        return self._next_reply(self._arrived)
+
+    def tls_buffered(self) -> bool:
+        """True when decrypted bytes wait inside the TLS layer (poll() does not report them)."""
+        return self.tls and bool(self._sock.pending())
 
     def read_response(self) -> Any:
+        return self._next_reply(self._recv)
+
+    def _next_reply(self, more: Callable[[], bytes | None]) -> Any:
+        """The next reply, reading with ``more`` (None: nothing more now, and INCOMPLETE is returned)."""
         replies = self._replies
         if not replies.pending():
             # Nothing buffered: the usual case after a poll said the socket is readable. A read
             # that brings exactly one of the usual replies needs no buffer.
-            data = self._recv()
+            data = more()
+            if data is None:
+                return _INCOMPLETE
             reply = _USUAL.get(data, _INCOMPLETE)
             if reply is not _INCOMPLETE:
                 return reply
@@ -132,7 +163,10 @@ class Wire(ConnState):
                 if isinstance(reply, ResponseError):
                     raise reply
                 return reply
-            self._fill()
+            data = more()
+            if data is None:
+                return _INCOMPLETE
+            replies.feed(data)
 
     def _fill(self) -> None:
         self._replies.feed(self._recv())
