@@ -180,6 +180,27 @@ async def test_one_async_hold_entered_again_within_itself_releases_at_its_outerm
         await m.aclose()
 
 
+def test_an_entry_whose_validity_ran_out_reports_the_loss_at_its_own_exit(mgr):
+    """Not only the outermost: an inner entry's block that outlived the lock ran without it."""
+    with pytest.raises(LockLost, match="expired"):
+        with mgr.lock("inner-expiry", ttl=0.2, reentrant=True) as outer:
+            with pytest.raises(LockLost, match="expired"):
+                with mgr.lock("inner-expiry", reentrant=True) as inner:
+                    assert inner is outer
+                    eventually(lambda: inner.validity == 0)
+            assert outer.lost and not outer.released
+
+
+def test_an_expired_inner_entry_of_a_watched_lock_reports_on_lost_once(mgr):
+    lost = []
+    with pytest.raises(LockLost, match="expired"):
+        with mgr.lock("inner-expiry-watched", ttl=0.2, reentrant=True, auto_extend=True, max_hold=0.001, on_lost=lost.append):
+            with mgr.lock("inner-expiry-watched", reentrant=True) as inner:
+                eventually(lambda: inner.validity == 0)
+    eventually(lambda: lost == [inner])
+    assert lost == [inner]
+
+
 def test_reentry_is_per_thread(mgr):
     outer = mgr.acquire("per-thread", reentrant=True)
     got = []

@@ -266,20 +266,26 @@ class LockBase:
         mark it released and return True, or False when it already was (or in a forked child).
 
         Both happen in one critical section with :meth:`HeldLocks.enter`'s check, so nobody
-        enters a lock that is being released. Flags an expired lock as lost. From here on the
-        watchdog no longer reports losses.
+        enters a lock that is being released. Flags an expired lock as lost, at an inner entry's
+        exit too. From here on the watchdog no longer reports losses.
         """
         if self._forked():
             return False
         with self._state:
             if self.released:
                 return False
-            if self._depth > 1:
+            inner = self._depth > 1
+            if inner:
                 self._depth -= 1
                 if self._borrowed and self._owner() is not owners.caller()[0]:
                     self._borrowed -= 1  # only the one call it is lent to holds entries besides the owner
-                return None
-            self.released = True
+            else:
+                self.released = True
+        if inner:
+            # The entry's code ran past the validity: its exit reports the loss, not only the outermost.
+            if not self.lost and self._deadline <= self._clock():
+                self._mark_lost("it expired while held", while_held=True)
+            return None
         self._lost_listener = None
         self.manager._held.discard(self)
         if not self.lost and self._deadline <= self._clock():
