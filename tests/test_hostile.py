@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -170,6 +171,20 @@ def test_broken_majority_fails_fast_and_leaves_nothing(servers, mode):
             fake.close()
 
 
+def time_a_failed_acquire(urls, proxies, node_timeout):
+    """Seconds a sync acquire takes to fail once every proxy splits the replies, the rest 1 s late."""
+    mgr = LockManager(urls, ttl=10.0, retry_count=0, node_timeout=node_timeout, restart_window=0)
+    mgr.acquire("split-warm").release()  # connections made before the replies split
+    for proxy in proxies:
+        proxy.split_replies = 1.0
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired):
+        mgr.acquire("split")
+    took = time.monotonic() - started
+    mgr.close()
+    return took
+
+
 @pytest.mark.parametrize("engine", ["sync", "asyncio"])
 def test_replies_split_across_packets_do_not_stretch_a_round_past_its_timeout(servers, engine):
     """Every node's replies arrive in two packets, the second one 1 s late: each is a slow node.
@@ -180,15 +195,7 @@ def test_replies_split_across_packets_do_not_stretch_a_round_past_its_timeout(se
     kwargs = dict(ttl=10.0, retry_count=0, node_timeout=node_timeout, restart_window=0)
     try:
         if engine == "sync":
-            mgr = LockManager([p.url for p in proxies], **kwargs)
-            mgr.acquire("split-warm").release()  # connections made before the replies split
-            for proxy in proxies:
-                proxy.split_replies = 1.0
-            started = time.monotonic()
-            with pytest.raises(LockNotAcquired):
-                mgr.acquire("split")
-            took = time.monotonic() - started
-            mgr.close()
+            took = time_a_failed_acquire([p.url for p in proxies], proxies, node_timeout)
         else:
 
             async def run() -> float:
@@ -208,6 +215,19 @@ def test_replies_split_across_packets_do_not_stretch_a_round_past_its_timeout(se
         for proxy in proxies:
             proxy.close()
     assert took < 6 * node_timeout, f"a failed acquire took {took * 1000:.0f} ms (node timeout 100 ms)"
+
+
+def test_tls_replies_split_across_packets_do_not_stretch_a_round_past_its_timeout(tls_servers, tls_files):
+    """The same over TLS: a record whose rest is late is not waited for on its one socket."""
+    node_timeout = 0.1
+    proxies = [Proxy(server.tls_port).start() for server in tls_servers]
+    urls = tls_urls([SimpleNamespace(tls_port=p.port) for p in proxies], tls_files[2])
+    try:
+        took = time_a_failed_acquire(urls, proxies, node_timeout)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    assert took < 5 * node_timeout, f"a failed acquire took {took * 1000:.0f} ms (node timeout 100 ms)"
 
 
 # -- hostile names -------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -110,11 +111,19 @@ class Wire(ConnState):
 
     def _arrived(self) -> bytes | None:
         """The bytes that already arrived (None: none), without waiting for any."""
-        if self.tls and not (self._sock.pending() or _ready(self.fd, select.POLLIN, 0)):
-            return None
+        sock = self._sock
         try:
-            data: bytes = self._sock.recv(262144)
-        except BlockingIOError:
+            if self.tls:
+                if not (sock.pending() or _ready(self.fd, select.POLLIN, 0)):
+                    return None
+                sock.settimeout(0.0)  # part of a record only: SSLWantReadError, not a wait for the rest
+                try:
+                    data: bytes = sock.recv(262144)
+                finally:
+                    sock.settimeout(self._timeout)
+            else:
+                data = sock.recv(262144)
+        except (BlockingIOError, ssl.SSLWantReadError):
             return None
         except socket.timeout:
             raise RedisTimeoutError("Timeout reading from socket") from None
