@@ -16,6 +16,7 @@ import redis
 
 from django_redlock.core import AsyncLockManager, Hooks, LockManager
 from django_redlock.core import sync_manager as manager_module
+from django_redlock.core.extender import Extender
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 from tests.conftest import eventually, eventually_async
@@ -396,3 +397,18 @@ async def test_one_async_hold_shared_by_tasks_leaves_each_callers_own_lock(serve
     assert isinstance(seen["first"], LockLost), seen
     assert seen["second held"] is True
     assert seen["second"] == "clean"
+
+
+def test_a_hold_whose_keep_alive_cannot_start_leaves_no_lock_behind(manager):
+    """The watchdog thread cannot start (a process out of threads; interpreter shutdown): the
+    error goes to the caller and the lock just acquired is released, not left for its ttl."""
+
+    def no_thread(run: object) -> object:
+        raise RuntimeError("can't start new thread")
+
+    manager._extender_instance = Extender(start=no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        with manager.lock("no-watchdog", auto_extend=True):
+            pytest.fail("the with block ran without its keep-alive")
+    assert not manager.is_locked("no-watchdog")
+    manager.acquire("no-watchdog", blocking=False).release()

@@ -490,8 +490,12 @@ class LockContext(ContextBase[Lock]):
         steps.engine_calls.depth += 1  # until the with block owns the lock: a stop here would leave it
         try:
             lock = self.manager.acquire(self.resource, **self.kwargs)
-            if self._entered(lock):
-                self.manager._watch(lock, self.max_hold, self.on_lost)
+            try:
+                if self._entered(lock):
+                    self.manager._watch(lock, self.max_hold, self.on_lost)
+            except BaseException:
+                self.leave(raised=True)  # the watchdog could not start: the with block never owned it
+                raise
             return lock
         finally:
             # Not leave(): a stop sent again here could land before the with block owns the lock.
