@@ -230,6 +230,27 @@ def test_tls_replies_split_across_packets_do_not_stretch_a_round_past_its_timeou
     assert took < 5 * node_timeout, f"a failed acquire took {took * 1000:.0f} ms (node timeout 100 ms)"
 
 
+def test_closing_waits_one_node_timeout_in_all_for_split_replies(servers):
+    """A release left every node's reply coming, split, its rest 1 s late: closing the manager
+    reads what comes within one node timeout in all, not one node timeout per connection."""
+    node_timeout = 0.1
+    proxies = [Proxy(server.port).start() for server in servers]
+    try:
+        mgr = LockManager([p.url for p in proxies], ttl=10.0, retry_count=0, node_timeout=node_timeout,
+                          restart_window=0)
+        lock = mgr.acquire("split-close")
+        for proxy in proxies:
+            proxy.split_replies = 1.0
+        lock.release()
+        started = time.monotonic()
+        mgr.close()
+        took = time.monotonic() - started
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    assert took < 3 * node_timeout, f"closing took {took * 1000:.0f} ms (node timeout 100 ms)"
+
+
 # -- hostile names -------------------------------------------------------------------
 
 GLOBS = st.text(alphabet=st.sampled_from("*?[]^-\\ab:"), min_size=1, max_size=12)

@@ -49,6 +49,7 @@ __all__ = [
     "Node",
     "NodeSpec",
     "NodeUnavailable",
+    "close_nodes",
     "describe",
     "fanout",
     "node_from_spec",
@@ -168,18 +169,31 @@ class Node(NodeConfig):
             parked = self.books.take_parked()  # taken out: no other thread reads them now
         for conn in parked:
             try:
-                while conn.expect and conn.can_read(max(0.0, deadline - clock.now())):
-                    read_booked(self.books, conn, self._mutex)
+                while conn.expect:
+                    if read_booked(self.books, conn, self._mutex, wait=False) is None and not conn.more_arrives(
+                        deadline - clock.now()
+                    ):
+                        break
             except (RedisError, OSError, ValueError):
                 pass
             self.drop(conn)
 
-    def close(self) -> None:
-        self.settle(clock.now() + self.node_timeout)
+    def close(self, deadline: float | None = None) -> None:
+        """Close every connection once the replies still due were read, until ``deadline``
+        (default: one node timeout from now)."""
+        self.settle(clock.now() + self.node_timeout if deadline is None else deadline)
         with self._mutex:
             conns = self.books.close_all(clock.now())
         for conn in conns:
             _disconnect(conn)
+
+
+def close_nodes(nodes: Sequence[Node]) -> None:
+    """Close the nodes' connections once the replies still due were read (at most one node
+    timeout in all, as the asyncio driver's ``settle_and_close``)."""
+    deadline = clock.now() + max((node.node_timeout for node in nodes), default=0.0)
+    for node in nodes:
+        node.close(deadline)
 
 
 #: Every node of this process, reset in a forked child (its parent's sockets and mutexes are not its own).

@@ -12,7 +12,7 @@ from django_redlock.core.adoption import Adoption
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource
 from django_redlock.core.extender import Extender
 from django_redlock.core.lock import Lock, LockBase, LockContext
-from django_redlock.core.nodes import Node, NodeSpec, fanout, parse_nodes
+from django_redlock.core.nodes import Node, NodeSpec, close_nodes, fanout, parse_nodes
 from django_redlock.core.owners import HeldLocks
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
@@ -435,8 +435,7 @@ class LockManager(ManagerBase):
         first, for at most the node timeout; the same happens at interpreter exit.
         """
         self._extender.clear(self)
-        for node in self.node_list:
-            node.close()
+        close_nodes(self.node_list)
 
     def __enter__(self) -> LockManager:
         return self

@@ -147,6 +147,10 @@ class Wire(ConnState):
         """True when decrypted bytes wait inside the TLS layer (poll() does not report them)."""
         return self.tls and bool(self._sock.pending())
 
+    def more_arrives(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for bytes not read yet; False when none came."""
+        return self.tls_buffered() or _ready(self.fd, select.POLLIN, timeout)
+
     def read_response(self) -> Any:
         return self._next_reply(self._recv)
 
