@@ -53,10 +53,15 @@ def worker(urls, seconds, hold, barrier, queue, index, rest=0.0):
     rounds: list[tuple[str, float, float]] = []  # (kind, started, returned), wall clock
     real_fanout = manager_module.fanout
 
-    def timed_fanout(nodes, commands, **options):
+    def timed_fanout(nodes, *args, **options):
+        # fanout(nodes, fan, timeout) today; fanout(nodes, commands, **options) in older versions
+        fan = args[0] if args and hasattr(args[0], "commands") else None
+        commands = fan.commands if fan is not None else args[0]
+        if fan is not None:
+            options = fan.options()
         started = time.time()
         try:
-            return real_fanout(nodes, commands, **options)
+            return real_fanout(nodes, *args, **options) if fan is None else real_fanout(nodes, *args)
         finally:
             script = options.get("script")
             first = next((c for c in commands if c is not None), ("",))

@@ -218,11 +218,11 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
     extending, released, judged = threading.Event(), threading.Event(), threading.Event()
     real_fanout = manager_module.fanout
 
-    def fanout(nodes, commands, **kwargs):
-        if kwargs.get("script") is EXTEND and not extending.is_set():
+    def fanout(nodes, fan, timeout):
+        if fan.script is EXTEND and not extending.is_set():
             extending.set()
             released.wait(5)  # the release runs while this EXTEND is "on the wire"
-        return real_fanout(nodes, commands, **kwargs)
+        return real_fanout(nodes, fan, timeout)
 
     monkeypatch.setattr(manager_module, "fanout", fanout)
     on_lost = []

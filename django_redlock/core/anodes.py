@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -24,7 +24,7 @@ from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
 from django_redlock.core.resp import ReplyBuffer, pack
 from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
-from django_redlock.core.scripts import Script
+from django_redlock.core.steps import Fan
 
 __all__ = ["AConn", "AsyncNode", "afanout", "settle_and_close"]
 
@@ -319,20 +319,7 @@ async def _look(loop: asyncio.AbstractEventLoop) -> None:
     await looked
 
 
-async def afanout(
-    anodes: Sequence[AsyncNode],
-    commands: Sequence[tuple[Any, ...] | None],
-    *,
-    timeout: float,
-    done: Callable[[list[Any]], bool] | None = None,
-    script: Script | None = None,
-    ordered_after_key: str | None = None,
-    allow_lagging: bool = True,
-    timings: list[float | None] | None = None,
-    restart_window: float = 0.0,
-    owe: tuple[str, str, float] | None = None,
-    block: tuple[tuple[str, ...], float] | None = None,
-) -> list[Any]:
+async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list[Any]:
     """The asyncio driver of :class:`~django_redlock.core.rounds.Round` (see :func:`~django_redlock.core.nodes.fanout`)."""
     now = clock.now()
     loop = asyncio.get_running_loop()
@@ -345,20 +332,7 @@ async def afanout(
             await _look(loop)
             now = clock.now()
             break
-    rnd = Round(
-        books,
-        commands,
-        now=now,
-        timeout=timeout,
-        done=done,
-        script=script,
-        ordered_after_key=ordered_after_key,
-        allow_lagging=allow_lagging,
-        restart_window=restart_window,
-        timings=timings,
-        owe=owe,
-        block=block,
-    )
+    rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
     rnd.on_reply = lambda: _wake(wake[0])

@@ -248,7 +248,7 @@ class AsyncLockManager(ManagerBase):
         kind = type(effect)
         if kind is steps.Fan:
             timeout = effect.timeout or self.config.node_timeout
-            return await afanout(self.anodes, effect.commands, timeout=timeout, **effect.options())
+            return await afanout(self.anodes, effect, timeout)
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
             return None

@@ -21,7 +21,7 @@ import os
 import select
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -40,7 +40,8 @@ from django_redlock.core.rounds import (
     NodeUnavailable,
     Round,
 )
-from django_redlock.core.scripts import Script, script_command
+from django_redlock.core.scripts import script_command
+from django_redlock.core.steps import Fan
 from django_redlock.core.wire import Wire
 
 __all__ = [
@@ -258,7 +259,6 @@ def node_from_spec(spec: NodeSpec, node_timeout: float, where: str) -> Node:
 # -- the fan-out -----------------------------------------------------------
 
 Command = tuple[Any, ...]
-Done = Callable[[list[Any]], bool]
 
 
 def read_booked(
@@ -297,20 +297,7 @@ def read_booked(
     return taken
 
 
-def fanout(
-    nodes: Sequence[Node],
-    commands: Sequence[Command | None],
-    *,
-    timeout: float,
-    done: Done | None = None,
-    script: Script | None = None,
-    ordered_after_key: str | None = None,
-    allow_lagging: bool = True,
-    timings: list[float | None] | None = None,
-    restart_window: float = 0.0,
-    owe: tuple[str, str, float] | None = None,
-    block: tuple[tuple[str, ...], float] | None = None,
-) -> list[Any]:
+def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
     """Run one :class:`~django_redlock.core.rounds.Round` on real sockets: write everything, then poll.
 
     Returns one entry per node: the reply, or a :class:`Failure`. The round
@@ -321,18 +308,14 @@ def fanout(
     now = clock.now()
     pid = os.getpid()  # once per fan-out: a syscall, and a fork cannot happen in the middle of one
     books = [node.books for node in nodes]
-    if owe is not None:
+    if fan.owe is not None:
         for node in nodes:
             if node._pid != pid:
                 node._check_fork()
         with _all_mutexes(nodes):
-            rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
-                        ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
-                        restart_window=restart_window, timings=timings, owe=owe)
+            rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
     else:
-        rnd = Round(books, commands, now=now, timeout=timeout, done=done, script=script,
-                    ordered_after_key=ordered_after_key, allow_lagging=allow_lagging,
-                    restart_window=restart_window, timings=timings, block=block)
+        rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
     packed: dict[Command, bytes] = {}
     writing: tuple[Node, Wire] | None = None

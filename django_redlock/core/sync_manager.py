@@ -310,7 +310,7 @@ class LockManager(ManagerBase):
         kind = type(effect)
         if kind is steps.Fan:
             timeout = effect.timeout or self.config.node_timeout
-            return fanout(self.node_list, effect.commands, timeout=timeout, **effect.options())
+            return fanout(self.node_list, effect, timeout)
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
             return None
