@@ -412,3 +412,26 @@ def test_a_hold_whose_keep_alive_cannot_start_leaves_no_lock_behind(manager):
             pytest.fail("the with block ran without its keep-alive")
     assert not manager.is_locked("no-watchdog")
     manager.acquire("no-watchdog", blocking=False).release()
+
+
+def test_a_slow_on_lost_does_not_stop_the_watchdog_keeping_other_locks_alive(manager):
+    """on_lost may take a while (an alert sent over the network): meanwhile the watchdog goes on
+    extending every other lock of the process, which would otherwise all expire."""
+    reporting, done = threading.Event(), threading.Event()
+
+    def slow_alert(lock: object) -> None:
+        reporting.set()
+        done.wait(10)
+
+    first = manager.lock("slow-report", ttl=0.6, auto_extend=True, on_lost=slow_alert)
+    lost = first.__enter__()
+    try:
+        with manager.lock("kept-alive", ttl=0.6, auto_extend=True) as other:
+            manager.force_release("slow-report")
+            assert reporting.wait(5)
+            start = other.extensions
+            eventually(lambda: other.extensions >= start + 3, seconds=3.0)  # 0.6 s ttl: about 1 s
+            assert not other.lost
+    finally:
+        done.set()
+        assert isinstance(first.leave(), LockLost) and lost.lost

@@ -8,7 +8,7 @@ when the validity ends: a lock that could not be extended is reported lost
 then, not later. After ``max_hold`` seconds the lock is no longer extended,
 and when its validity ends it is reported lost too: never silently.
 
-``on_lost`` runs on this thread, exactly once, for a loss found while the lock
+``on_lost`` runs exactly once, on a thread of its own, for a loss found while the lock
 is watched (by this thread, ``extend()``, ``owned()`` or the fencing token);
 never for a clean release. Locks are held weakly: one dropped without release
 stops being extended and expires. A forked child starts with an empty extender.
@@ -288,8 +288,19 @@ class Extender:
 
     def _report(self, watch: Watch, lock: Any) -> None:
         self._drop(watch, lock)
-        if watch.on_lost is not None:
+        on_lost = watch.on_lost
+        if on_lost is None:
+            return
+
+        def report() -> None:
             try:
-                watch.on_lost(lock)
+                on_lost(lock)
             except Exception:  # noqa: BLE001
                 logger.exception("on_lost callback for lock %r failed", lock.resource)
+
+        # A run of its own: while a slow callback (an alert sent over the network) runs, this
+        # thread goes on extending the process's other locks, which would otherwise expire.
+        try:
+            self._start(report)
+        except RuntimeError:  # no thread can be started: report here
+            report()
