@@ -68,7 +68,9 @@ class Hooks:
     """Callbacks the engine runs on lock events. Subclass and override what you need.
 
     A hook must be quick and must not raise; exceptions from hooks are swallowed
-    so that they can never leave a lock behind.
+    so that they can never leave a lock behind. A hook runs on the thread that saw the
+    event: ``extended`` and ``lost`` of an auto-extended lock on the watchdog thread, which
+    extends no other lock while a hook runs.
     """
 
     def acquired(self, lock: LockBase) -> None:
