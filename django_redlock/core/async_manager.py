@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, cast
 
-from django_redlock.core import base, clock, steps
+from django_redlock.core import base, steps
 from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Resources
 from django_redlock.core.lock import ContextBase, LockBase
@@ -142,7 +142,7 @@ def _keep_alive(
     """
     from django_redlock.core.extender import Watch
 
-    stop_at = clock.now() + max_hold if max_hold is not None else None
+    stop_at = lock._clock() + max_hold if max_hold is not None else None
     watch = Watch(lock.manager, weakref.ref(lock), lock.resource, stop_at, on_lost)
     if on_lost is not None:
         loop = asyncio.get_running_loop()
@@ -172,7 +172,7 @@ async def _keep_alive_loop(watch: Any) -> None:
             await lock._check_owned()
         if action == "stop" or lock.lost or lock.released:
             return
-        now = clock.now()
+        now = lock._clock()
         delay = next_due(watch, lock, now) - now
         del lock  # hold it weakly while asleep: a dropped lock stops here and expires
         await asyncio.sleep(max(0.0, delay))
