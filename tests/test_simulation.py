@@ -49,6 +49,25 @@ def test_processes_running_the_real_manager_break_no_invariant():
         assert seen[what] > 0, (what, seen)
 
 
+def test_processes_running_the_real_async_manager_break_no_invariant():
+    """Only processes running the real AsyncLockManager, two asyncio tasks each on a loop driven on
+    simulated time: holds (kept alive by the keep-alive task, re-entered by their task, nested,
+    released early), acquire and release, extensions, fencing tokens, owned(), hand-offs by adopt(),
+    tasks cancelled at an await; a seed replays exactly."""
+    seen: Counter[str] = Counter()
+    for seed in range(6):
+        outcome = simulate(seed, faults=default_faults(), clients=0, managers=0, async_managers=2)
+        assert outcome.violation is None, outcome.violation
+        seen.update(outcome.extra["real"])
+    assert seen["acquired"] > 150, seen
+    for what in ("nested", "automatic extensions", "losses reported", "cancelled", "cancelled in the block",
+                 "released early", "adopted", "fenced"):
+        assert seen[what] > 0, (what, seen)
+    again = simulate(seed, faults=default_faults(), clients=0, managers=0, async_managers=2)
+    assert (again.events, again.acquired, again.extra["real"]) == (outcome.events, outcome.acquired,
+                                                                   outcome.extra["real"])
+
+
 def test_a_seed_replays_exactly():
     first = simulate(7, faults=default_faults())
     second = simulate(7, faults=default_faults())
@@ -67,7 +86,9 @@ def test_scripted_case_passes_on_the_real_core(name):
 SEEDS_FOR = {"quorum N//2": 5, "drift ignored": 5, "acquire ignores the line": 5, "release wakes nobody": 3,
              "acquire takes the free members of a held set": 3, "release deletes the first member only": 3,
              "automatic extensions counted": 3, "reentrancy keyed on the thread": 5,
-             "loss at the hold's exit swallowed": 5, "watchdog extends after the release": 5}
+             "loss at the hold's exit swallowed": 5, "watchdog extends after the release": 5,
+             "reentrancy keyed on the thread (asyncio)": 5, "loss at the hold's exit swallowed (asyncio)": 5,
+             "keep-alive task extends after the release": 5}
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

@@ -185,6 +185,8 @@ class _Gone:
     checks: int = 0
     #: Earlier holders of the value (a hand-off): their late bytes (a late SET) disturb it too.
     also: tuple[str, ...] = ()
+    #: A copy set by an earlier holder after the release was given its ttl to expire.
+    late_set: bool = False
 
 
 def _b(value: Any) -> bytes:
@@ -625,8 +627,16 @@ class Checker:
         if world.now < due - EPS:
             world.at(due, self._check_gone, gone)
             return
-        left = [f"{n.name} ({', '.join(k.decode('utf-8', 'replace') for k in keys)})"
-                for n in self.nodes if (keys := n.keys_holding(gone.value))]
+        held = [(n, keys) for n in self.nodes if (keys := n.keys_holding(gone.value))]
+        if held and gone.also and not gone.late_set:
+            # A hand-off: an earlier holder's vote queued behind its blocking pop on a node may set
+            # the value after the release (its late SET); that copy expires by itself.
+            lives = [peeked[1] for n, keys in held for k in keys if (peeked := n.peek(k)) is not None]
+            if lives and all(life is not None and life <= gone.bound for life in lives):
+                gone.late_set = True
+                world.after(max(lives) + EPS, self._check_gone, gone)  # type: ignore[type-var]
+                return
+        left = [f"{n.name} ({', '.join(k.decode('utf-8', 'replace') for k in keys)})" for n, keys in held]
         self._gone_pending -= 1
         self.leftover_checks += 1
         if left:

@@ -324,7 +324,8 @@ def loss_swallowed() -> Any:
 def watchdog_ignores_the_release() -> Iterator[None]:
     """The watchdog is not told of a release and extends once more: the release does not unschedule
     the lock, the watchdog's next wake-up extends it, and the extension step does not look at
-    ``released``."""
+    ``released``. An asyncio keep-alive task still running after its lock's release (released
+    inside the block) extends it at its next wake-up."""
     real_action, real_check = extender.next_action, LockBase._check_extendable
 
     def action(watch: Any, lock: Any) -> str:
@@ -345,6 +346,9 @@ def watchdog_ignores_the_release() -> Iterator[None]:
             _patch(LockBase, "_check_extendable", check):
         yield
 
+
+#: Only a process of the real AsyncLockManager (and the clients driving the core's steps).
+ASYNC_CALLERS: dict[str, Any] = {"managers": 0, "async_managers": 1}
 
 #: name -> (mutant, simulation options that give it a chance to show)
 MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
@@ -402,6 +406,10 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "reentrancy keyed on the thread": (reentrancy_keyed_on_the_thread, {"managers": 1}),
     "loss at the hold's exit swallowed": (loss_swallowed, {"managers": 1}),
     "watchdog extends after the release": (watchdog_ignores_the_release, {"managers": 1}),
+    # The same, with asyncio callers only (sim_async.py): tasks of one thread, the keep-alive task.
+    "reentrancy keyed on the thread (asyncio)": (reentrancy_keyed_on_the_thread, ASYNC_CALLERS),
+    "loss at the hold's exit swallowed (asyncio)": (loss_swallowed, ASYNC_CALLERS),
+    "keep-alive task extends after the release": (watchdog_ignores_the_release, ASYNC_CALLERS),
 }
 
 

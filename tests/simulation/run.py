@@ -19,6 +19,7 @@ from .faults import FaultConfig
 from .invariants import Violation
 from .network import NetConfig
 from .scenario import build, settled
+from .sim_async import AsyncSimProcess
 from .sim_manager import SimProcess
 from .world import Chooser
 
@@ -68,12 +69,14 @@ def simulate(
     wall_skew: float | None = None,
     managers: int = 1,
     callers: int = 2,
+    async_managers: int = 0,
 ) -> Outcome:
     """Run one seeded simulation; a broken invariant is returned in ``violation`` (with the trace).
 
     Each call locks one of ``resources`` or, by chance ``multi``, two or three of them at once.
     Besides the ``clients`` driving the core's steps, ``managers`` processes run the real
-    ``LockManager`` with ``callers`` greenlets each (:mod:`.sim_manager`).
+    ``LockManager`` with ``callers`` greenlets each (:mod:`.sim_manager`), and ``async_managers``
+    processes the real ``AsyncLockManager`` with ``callers`` asyncio tasks each (:mod:`.sim_async`).
     """
     kwargs: dict[str, Any] = {}
     if share is not None:
@@ -91,6 +94,10 @@ def simulate(
         SimProcess(sim, f"m{i}", ttl=ttl, restart_window=restart_window, node_timeout=node_timeout,
                    wall_offset=world.uniform(-skew, skew, "wall clock error"))
         for i in range(managers)
+    ] + [
+        AsyncSimProcess(sim, f"a{i}", ttl=ttl, restart_window=restart_window, node_timeout=node_timeout,
+                        wall_offset=world.uniform(-skew, skew, "wall clock error"))
+        for i in range(async_managers)
     ]
     for process in real:
         process.peers = real
@@ -109,7 +116,7 @@ def simulate(
             dead.die()
             sim.network.kill_client(victim)
             if isinstance(dead, SimProcess):
-                process = SimProcess(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
+                process = type(dead)(sim, f"{victim.name}'", ttl=ttl, restart_window=restart_window,
                                      node_timeout=node_timeout, wall_offset=dead.wall_offset)
                 by_proc[process.proc] = process
                 real.append(process)
@@ -222,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=3, help="client processes driving the core's steps")
     parser.add_argument("--managers", type=int, default=1,
                         help="processes running the real LockManager (two callers each)")
+    parser.add_argument("--async-managers", type=int, default=0,
+                        help="processes running the real AsyncLockManager (two tasks each)")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.monotonic()
     totals = Outcome(-1)
     for seed in seeds:
         outcome = simulate(seed, seconds=args.seconds, faults=default_faults(), clients=args.clients,
-                           managers=args.managers)
+                           managers=args.managers, async_managers=args.async_managers)
         totals.acquired += outcome.acquired
         totals.several += outcome.several
         totals.failed += outcome.failed
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if outcome.violation:
             print(f"VIOLATION with seed {seed}:\n{outcome.violation}")
             print(f"replay: python -m tests.simulation.run --seed {seed} --seconds {args.seconds} "
-                  f"--clients {args.clients} --managers {args.managers}")
+                  f"--clients {args.clients} --managers {args.managers} --async-managers {args.async_managers}")
             return 1
     took = time.monotonic() - started
     n = len(seeds)

@@ -64,7 +64,7 @@ class _Report(Hooks):
 
     def extended(self, lock: LockBase) -> None:
         p = self.process
-        if getcurrent() in p.watchdogs:
+        if p._in_watchdog():
             p.stats["automatic extensions"] += 1
         p._checked(p.sim.checker.extended, p.proc, lock.resources, lock.value, lock.validity,
                    deadline_local=lock._deadline)
@@ -127,6 +127,9 @@ class SimProcess:
     a web server); each is an owner of its own for ``reentrant=True``.
     """
 
+    #: The manager this process runs (the async process runs AsyncLockManager).
+    manager_class: type[Any] = LockManager
+
     def __init__(
         self,
         sim: Sim,
@@ -158,8 +161,8 @@ class SimProcess:
         self.histories = ledger._Histories()
         #: Every greenlet started: kept until :meth:`close`, so none is collected (and unwound) mid-run.
         self.greenlets: list[greenlet] = []
-        self.callers: dict[greenlet, _Caller] = {}
-        self.cancels: dict[greenlet, BaseException] = {}
+        self.callers: dict[Any, _Caller] = {}
+        self.cancels: dict[Any, BaseException] = {}
         #: value -> (lock, its call): what this process holds (dies with it).
         self.holding: dict[str, tuple[LockBase, Call | None]] = {}
         #: Values whose release this process wrote.
@@ -167,7 +170,7 @@ class SimProcess:
         #: Values kept alive by the watchdog without max_hold.
         self.kept_alive: set[str] = set()
         #: Per greenlet: the values it is inside (a with block), and how deep.
-        self.inside: dict[greenlet, dict[str, int]] = {}
+        self.inside: dict[Any, dict[str, int]] = {}
         self.gone = False  # killed, or the run is over: nothing more is reported
         self.acquired = 0
         self.failed = 0
@@ -185,8 +188,8 @@ class SimProcess:
         saved = ledger._HISTORIES
         ledger._HISTORIES = self.histories
         try:
-            manager = LockManager([f"redis://{node.name}:6379" for node in self.sim.nodes],
-                                  hooks=_Report(self), **self.options)
+            manager = self.manager_class([f"redis://{node.name}:6379" for node in self.sim.nodes],
+                                         hooks=_Report(self), **self.options)
         finally:
             ledger._HISTORIES = saved
         for node in manager.node_list:
@@ -199,11 +202,22 @@ class SimProcess:
         config.retry_pause = (  # type: ignore[method-assign]
             (lambda: world.uniform(low, high, "retry pause")) if high > low else (lambda: low)
         )
-        driver = SimDriver(self.sim, self.proc, [node.books for node in manager.node_list], self.node_timeout)
-        manager._perform = lambda effect: self._perform(driver, effect)  # type: ignore[method-assign]
+        self._seam(manager, SimDriver(self.sim, self.proc, [node.books for node in manager.node_list],
+                                      self.node_timeout))
+        return manager
+
+    def _seam(self, manager: Any, driver: SimDriver) -> None:
+        """Give the manager its ``_perform`` in the simulated world, and its watchdog."""
+        manager._perform = lambda effect: self._perform(driver, effect)
         manager._extender_instance = Extender(now=self.proc.now, condition=lambda: _Condition(self),
                                               start=self._start_watchdog)
-        return manager
+
+    def _me(self) -> Any:
+        """The caller running now (its greenlet)."""
+        return getcurrent()
+
+    def _in_watchdog(self) -> bool:
+        return getcurrent() in self.watchdogs
 
     def wall_us(self) -> int:
         # Wall clocks are set (NTP), not free-running: true time plus this host's error.
@@ -344,7 +358,7 @@ class SimProcess:
     # -- the caller's side: acquire calls, entries, exits ---------------------------------
 
     def _begin(self, resource: str | Sequence[str], cancel_after: float | None) -> _Caller:
-        me = getcurrent()
+        me = self._me()
         caller = self.callers[me] = _Caller(self.sim.checker.call(self.proc, resource))
         if cancel_after is not None:
             self.proc.after_local(cancel_after, self._cancel, me, caller)
@@ -358,7 +372,7 @@ class SimProcess:
     def _end(self, caller: _Caller, lock: LockBase | None) -> bool:
         """The acquire call returned ``lock`` (None: it raised). True for a new acquisition."""
         checker = self.sim.checker
-        me = getcurrent()
+        me = self._me()
         self.callers.pop(me, None)
         self.cancels.pop(me, None)
         values = caller.values
@@ -380,20 +394,22 @@ class SimProcess:
         return True
 
     def _enter(self, lock: LockBase) -> None:
-        depth = self.inside.setdefault(getcurrent(), {})
+        me = self._me()
+        depth = self.inside.setdefault(me, {})
         depth[lock.value] = depth.get(lock.value, 0) + 1
         self.stats["nested"] += lock._depth > 1
-        self.sim.checker.entered(self.proc, id(getcurrent()), lock.value)
+        self.sim.checker.entered(self.proc, id(me), lock.value)
 
     def _leaving(self, lock: LockBase) -> bool:
         """The with block ends now: True when it is the outermost entry and the lock's validity
         ran out before this moment (its exit must report the loss)."""
-        depth = self.inside[getcurrent()]
+        me = self._me()
+        depth = self.inside[me]
         depth[lock.value] -= 1
         outer = not depth[lock.value]
         if outer:
             del depth[lock.value]
-        return self.sim.checker.leaving(self.proc, id(getcurrent()), lock.value, outer)
+        return self.sim.checker.leaving(self.proc, id(me), lock.value, outer)
 
     def _left(self, lock: LockBase, due: bool, reported: bool) -> None:
         self.stats["losses reported"] += reported
@@ -436,34 +452,44 @@ class SimProcess:
 
     def hold(self, resource: str | Sequence[str], depth: int = 0) -> None:
         """``with manager.lock(...)``: maybe kept alive, maybe reentrant, maybe entered again inside."""
-        world = self.world
-        blocking, timeout, cancel = self._wait_options()
-        auto = depth == 0 and world.chance(0.4, "auto-extend")
-        reentrant = depth > 0 or world.chance(0.5, "reentrant")
+        blocking, timeout, cancel, auto, reentrant = self._hold_options(depth)
         caller = self._begin(resource, cancel)
         entered: LockBase | None = None
         due = False
         try:
             with self.manager.lock(resource, blocking=blocking, timeout=timeout, auto_extend=auto,
                                    reentrant=reentrant) as lock:
-                entered = lock
-                if self._end(caller, lock) and auto:
-                    self.kept_alive.add(lock.value)
-                self._enter(lock)
+                entered = self._entered_hold(caller, lock, auto)
                 self._work(lock, resource, auto, depth)
                 due = self._leaving(lock)
-        except (LockNotAcquired, asyncio.CancelledError):
-            if entered is not None:
-                raise
+        except (LockNotAcquired, asyncio.CancelledError, LockLost) as exc:
+            self._exited(caller, entered, due, exc)
+            return
+        self._exited(caller, entered, due, None)
+
+    def _hold_options(self, depth: int) -> tuple[bool, float | None, float | None, bool, bool]:
+        """A hold's blocking, timeout, cancel-after, auto_extend and reentrant."""
+        world = self.world
+        blocking, timeout, cancel = self._wait_options()
+        auto = depth == 0 and world.chance(0.4, "auto-extend")
+        return blocking, timeout, cancel, auto, depth > 0 or world.chance(0.5, "reentrant")
+
+    def _entered_hold(self, caller: _Caller, lock: LockBase, auto: bool) -> LockBase:
+        if self._end(caller, lock) and auto:
+            self.kept_alive.add(lock.value)
+        self._enter(lock)
+        return lock
+
+    def _exited(self, caller: _Caller, entered: LockBase | None, due: bool, error: BaseException | None) -> None:
+        """A hold is over: refused or cancelled before its block, or left (``error``: the LockLost
+        its exit raised); anything else goes on."""
+        lost = isinstance(error, LockLost)
+        if entered is None and error is not None and not lost:
             self._end(caller, None)
-            return
-        except LockLost:
-            if entered is None:
-                raise
-            self._left(entered, due, True)
-            return
-        assert entered is not None
-        self._left(entered, due, False)
+        elif entered is not None and (error is None or lost):
+            self._left(entered, due, lost)
+        elif error is not None:
+            raise error
 
     def _work(self, lock: LockBase, resource: str | Sequence[str], auto: bool, depth: int) -> None:
         world = self.world
@@ -494,10 +520,13 @@ class SimProcess:
             token = lock.fencing_token
         except LockError:
             return False
+        self._fenced(lock, token)
+        return True
+
+    def _fenced(self, lock: LockBase, token: int) -> None:
         if lock.value in self.holding:
             self.stats["fenced"] += 1
             self.sim.checker.fenced(self.proc, lock.resources, lock.value, token)
-        return True
 
     def acquire_release(self, resource: str | Sequence[str]) -> None:
         """``acquire()``, maybe a fencing token and an extension, a hold, ``release()``."""
@@ -538,6 +567,11 @@ class SimProcess:
         self.world.after(self.world.uniform(0.001, 0.05, "hand-off delay"), peer.spawn, peer.adopt,
                          lock.resources, lock.token, fencing, lock.value, lock.ttl, proc=peer.proc)
 
+    def _adopted(self, lock: LockBase, value: str) -> None:
+        self.stats["adopted"] += 1
+        self.holding[value] = (lock, None)
+        self.sim.checker.adopted(self.proc, value, lock.validity, deadline_local=lock._deadline)
+
     def adopt(self, resources: tuple[str, ...], token: str, fencing: int | None, value: str, ttl: float) -> None:
         """``adopt()`` a lock handed over by another process, then use it as its holder would."""
         checker = self.sim.checker
@@ -546,9 +580,7 @@ class SimProcess:
         except LockError:
             checker.gave_up(self.proc, resources, value, ttl)
             return
-        self.stats["adopted"] += 1
-        self.holding[value] = (lock, None)
-        checker.adopted(self.proc, value, lock.validity, deadline_local=lock._deadline)
+        self._adopted(lock, value)
         if self.world.chance(0.3, "fence") and not self._fence(lock):
             lock.release()
             return
