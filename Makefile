@@ -26,9 +26,10 @@ torture:  ## the long fault-injection run
 	@REDLOCK_TORTURE_SECONDS=$${REDLOCK_TORTURE_SECONDS:-120} $(PY) -m pytest -m torture -s $(PYTEST_ARGS)
 
 SEEDS ?= 1000
-simulate:  ## the long deterministic simulation of the engine (its core and its real LockManager): SEEDS random runs, every small schedule, the mutants
+simulate:  ## the long deterministic simulation of the engine (its core and its real managers): SEEDS random runs, SEEDS/10 more with an AsyncLockManager process, every small schedule, the mutants
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@$(PY) -m tests.simulation.run --seeds $(SEEDS)
+	@$(PY) -m tests.simulation.run --seeds $$(( $(SEEDS) / 10 + 1 )) --first $(SEEDS) --async-managers 1
 	@$(PY) -m tests.simulation.exhaustive --max-depth 11
 	@$(PY) -m tests.simulation.mutants
 
