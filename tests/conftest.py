@@ -60,6 +60,16 @@ def manager(servers):
     mgr.close()
 
 
+@pytest.fixture(params=["sync", "async"])
+def engine(request):
+    """The sync or the asyncio engine behind one blocking face (see tests/engines.py)."""
+    from tests.engines import Engine
+
+    made = Engine(request.param)
+    yield made
+    made.close()
+
+
 @pytest.fixture
 def mgr(servers):
     """A manager with the default retries: blocking calls wait in line."""

@@ -201,3 +201,41 @@ def test_connections_closed_at_a_loop_s_end_leave_no_resource_warning(servers):
     )
     assert child.returncode == 0, child.stderr
     assert "ResourceWarning" not in child.stderr, child.stderr
+
+
+async def test_paused_node_does_not_stall_and_loop_stays_free(servers):
+    amanager = AsyncLockManager(servers.urls, **OPTIONS)
+    await (await amanager.acquire("warm-up")).release()  # connections made before the fault
+    servers[4].pause()
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    worst = 0.0
+    for i in range(20):
+        started = time.monotonic()
+        lock = await amanager.acquire(f"s{i}")
+        await lock.release()
+        worst = max(worst, time.monotonic() - started)
+    task.cancel()
+    await amanager.aclose()
+    assert worst < 0.15
+    assert ticks > 0  # the event loop kept running other tasks
+
+
+async def test_connects_that_finished_while_the_loop_stalled_count(servers):
+    """The loop stops for two node timeouts while a fresh manager connects (a long garbage
+    collection): the connections were made meanwhile, so nodes are not written off."""
+    mgr = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, restart_window=0)
+    try:
+        asyncio.get_running_loop().call_later(0, time.sleep, 0.05 * 2)  # runs once the connects began
+        lock = await mgr.acquire("stalled-connect", blocking=False)  # was: "only 0 of 5 nodes answered"
+        assert lock.locked()
+        await lock.release()
+    finally:
+        await mgr.aclose()

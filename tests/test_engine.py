@@ -1,4 +1,5 @@
-"""The engine against five real redis-server masters, with real faults."""
+"""The engine against five real redis-server masters, with real faults: the tests that take the
+``manager`` fixture run on the sync and on the asyncio engine."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from django_redlock.core import Hooks, LockManager
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 from tests.conftest import eventually, on_nodes
 from tests.proxy import Proxy
+
+
+@pytest.fixture
+def manager(engine, servers):
+    """The sync or the asyncio manager (tests/engines.py): each test here holds for both."""
+    return engine.manager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.05, restart_window=0)
 
 
 def keys_everywhere(servers, pattern="redlock:lock:*"):

@@ -1,4 +1,5 @@
-"""A held lock's life on real servers: fork, loss found at release, owned(), dropped handles, on_lost."""
+"""A held lock's life on real servers, for the sync and asyncio engines: loss found at release,
+owned(), dropped handles, on_lost, close; fork (sync), a hold shared by threads or tasks."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ import traceback
 import pytest
 import redis
 
-from django_redlock.core import AsyncLockManager, Hooks, LockManager
+from django_redlock.core import AsyncLockManager, Hooks, LockManager, steps
 from django_redlock.core import sync_manager as manager_module
 from django_redlock.core.extender import Extender
 from django_redlock.core.scripts import EXTEND
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
 from tests.conftest import eventually, eventually_async
+
+
+#: A manager that never waits or retries, its nodes never sitting out.
+FAST = {"ttl": 10.0, "retry_count": 0, "restart_window": 0}
 
 
 def client(server):
@@ -62,7 +67,7 @@ def child_work(manager, parent_lock, i):
     assert manager.is_locked(f"parent-{i}")
 
 
-# -- item 6: fork while the extender is busy ------------------------------
+# -- fork while the extender is busy ------------------------------
 
 
 def test_forked_children_start_with_a_clean_extender(manager, servers):
@@ -90,26 +95,23 @@ def test_forked_children_start_with_a_clean_extender(manager, servers):
     assert held == [True] * 5, "a child released or disturbed the parent's lock"
 
 
-# -- item 7: a lost lock is never released silently; owned() ---------------
+# -- a lost lock is never released silently; owned() ---------------
 
 
-def test_with_exit_raises_lock_lost_after_a_takeover(manager, servers):
-    other = LockManager(servers.urls, retry_count=0, restart_window=0)
-    try:
-        with pytest.raises(LockLost, match="no longer stored"):
-            with manager.lock("taken", ttl=5) as lock:
-                assert other.force_release("taken") == 5
-                thief = other.acquire("taken", ttl=5)
-                thief_copies = 5  # every node was free: once the last votes are in, all five
-                eventually(lambda: nodes_with_value(servers, "redlock:lock:taken", thief.value) == 5)
-        assert lock.lost and "force-released" in lock.lost_reason
-        assert nodes_with_value(servers, "redlock:lock:taken", thief.value) == thief_copies  # untouched
-        assert thief.release() is True
-    finally:
-        other.close()
+def test_with_exit_raises_lock_lost_after_a_takeover(engine, servers):
+    manager, other = engine.manager(servers.urls, **FAST), engine.manager(servers.urls, **FAST)
+    with pytest.raises(LockLost, match="no longer stored"):
+        with manager.lock("taken", ttl=5) as lock:
+            assert other.force_release("taken") == 5
+            thief = other.acquire("taken", ttl=5)
+            eventually(lambda: nodes_with_value(servers, "redlock:lock:taken", thief.value) == 5)
+    assert lock.lost and "force-released" in lock.lost_reason
+    assert nodes_with_value(servers, "redlock:lock:taken", thief.value) == 5  # untouched
+    assert thief.release() is True
 
 
-def test_release_reports_a_loss_by_flag_and_return_value(manager, servers):
+def test_release_reports_a_loss_by_flag_and_return_value(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     lock = manager.acquire("flag", ttl=5)
     for server in servers[:3]:
         client(server).delete("redlock:lock:flag")
@@ -117,14 +119,16 @@ def test_release_reports_a_loss_by_flag_and_return_value(manager, servers):
     assert lock.lost and "3 of 5" in lock.lost_reason
 
 
-def test_release_with_silent_nodes_is_not_a_loss(manager, servers):
+def test_release_with_silent_nodes_is_not_a_loss(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     with manager.lock("silent", ttl=5) as lock:
         for server in servers[:3]:
             server.pause()
     assert lock.released and not lock.lost  # no answer is no proof; the keys just expire
 
 
-def test_owned_asks_the_nodes(manager, servers):
+def test_owned_asks_the_nodes(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     lock = manager.acquire("own", ttl=5)
     assert lock.owned() is True
     for server in servers[:2]:
@@ -138,7 +142,8 @@ def test_owned_asks_the_nodes(manager, servers):
     assert released.owned() is False and not released.lost
 
 
-def test_owned_raises_when_too_few_nodes_answer(manager, servers):
+def test_owned_raises_when_too_few_nodes_answer(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     lock = manager.acquire("few", ttl=5)
     servers[0].kill()
     servers[1].kill()
@@ -149,7 +154,8 @@ def test_owned_raises_when_too_few_nodes_answer(manager, servers):
     assert not lock.lost
 
 
-def test_watchdog_notices_a_force_release_before_the_next_extension(manager, servers):
+def test_keep_alive_notices_a_force_release_before_the_next_extension(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     lost = threading.Event()
     with pytest.raises(LockLost):
         with manager.lock("watched", ttl=3.0, auto_extend=True, on_lost=lambda lock: lost.set()) as lock:
@@ -159,12 +165,18 @@ def test_watchdog_notices_a_force_release_before_the_next_extension(manager, ser
             assert lock.lost and lock.extensions == 0
 
 
-# -- item 8: a dropped handle stops being extended -------------------------
+# -- a dropped handle stops being extended -------------------------
 
 
-def test_dropped_auto_extended_lock_expires(manager, servers):
-    ctx = manager.lock("dropped", ttl=0.3, auto_extend=True)
-    lock = ctx.__enter__()
+def test_dropped_auto_extended_lock_expires(engine, servers):
+    """A hold entered and then dropped (never left) stops being kept alive once nothing refers to it."""
+    manager = engine.manager(servers.urls, **FAST)
+    if engine.is_async:
+        ctx = manager._target.lock("dropped", ttl=0.3, auto_extend=True)
+        lock = manager._run(ctx.__aenter__())
+    else:
+        ctx = manager.lock("dropped", ttl=0.3, auto_extend=True)
+        lock = ctx.__enter__()
     time.sleep(0.5)  # past the ttl: it is being extended
     # A quorum, not every node: one slow reply under load lets that node's copy lapse.
     assert lock.extensions >= 1 and nodes_with_key(servers, "redlock:lock:dropped") >= 3
@@ -176,10 +188,11 @@ def test_dropped_auto_extended_lock_expires(manager, servers):
     assert nodes_with_key(servers, "redlock:lock:dropped") == 0, "a dropped lock is still being extended"
 
 
-# -- item 9: on_lost exactly once, for real losses, by the deadline -------
+# -- on_lost exactly once, for real losses, by the deadline -------
 
 
-def test_loss_found_by_a_manual_extend_calls_on_lost_once(manager, servers):
+def test_loss_found_by_a_manual_extend_calls_on_lost_once(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     calls = []
     fired = threading.Event()
 
@@ -196,7 +209,8 @@ def test_loss_found_by_a_manual_extend_calls_on_lost_once(manager, servers):
     assert calls == [lock]
 
 
-def test_loss_found_by_owned_calls_on_lost_once(manager, servers):
+def test_loss_found_by_owned_calls_on_lost_once(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     calls = []
     fired = threading.Event()
     with pytest.raises(LockLost):
@@ -247,9 +261,46 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
         mgr.close()
 
 
-def test_on_lost_fires_by_the_validity_deadline_when_extensions_fail(servers):
+async def test_async_extension_landing_after_a_clean_release_is_not_a_loss(servers):
+    lost_hook = []
+
+    class Record(Hooks):
+        def lost(self, lock, reason):
+            lost_hook.append(reason)
+
+    mgr = AsyncLockManager(servers.urls, retry_count=0, restart_window=0, hooks=Record())
+    extending, released, judged = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_perform = mgr._perform
+
+    async def perform(effect):
+        if isinstance(effect, steps.Fan) and effect.script is EXTEND and not extending.is_set():
+            extending.set()
+            await released.wait()  # the release runs while this EXTEND is "on the wire"
+            try:
+                return await real_perform(effect)
+            finally:
+                asyncio.get_running_loop().call_soon(judged.set)
+        return await real_perform(effect)
+
+    mgr._perform = perform
+    on_lost = []
+    try:
+        ctx = mgr.lock("inflight", ttl=0.3, auto_extend=True, on_lost=on_lost.append)
+        lock = await ctx.__aenter__()
+        await asyncio.wait_for(extending.wait(), 2.0)
+        assert await lock.release() is True  # the keep-alive task is still waiting in the fan-out
+        released.set()
+        await asyncio.wait_for(judged.wait(), 2.0)
+        await ctx.__aexit__(None, None, None)
+        assert not lock.lost and on_lost == [] and lost_hook == []
+    finally:
+        released.set()
+        await mgr.aclose()
+
+
+def test_on_lost_fires_by_the_validity_deadline_when_extensions_fail(engine, servers):
     # A node timeout longer than a third of the ttl: the extension attempt outlasts the validity.
-    mgr = LockManager(servers.urls, retry_count=0, restart_window=0, node_timeout=0.4)
+    mgr = engine.manager(servers.urls, retry_count=0, restart_window=0, node_timeout=0.4)
     fired_at = []
     fired = threading.Event()
 
@@ -269,10 +320,12 @@ def test_on_lost_fires_by_the_validity_deadline_when_extensions_fail(servers):
         assert -0.02 <= late <= 0.05, f"on_lost fired {late * 1000:.0f} ms after the validity ended"
         assert lock.lost_reason
     finally:
-        mgr.close()
+        for server in servers[:3]:
+            server.resume()
 
 
-def test_transient_extension_failure_is_not_a_loss(manager, servers):
+def test_transient_extension_failure_is_not_a_loss(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
     on_lost = []
     with manager.lock("blip", ttl=0.6, auto_extend=True, on_lost=on_lost.append) as lock:
         for server in servers[:3]:
@@ -305,24 +358,24 @@ def test_forked_copy_of_a_lock_is_not_held(manager, servers):
     assert lock.owned() is True and lock.release() is True
 
 
-def test_close_reads_the_replies_a_release_left_coming(servers):
-    """release() returns once a quorum deleted the key; close() then reads the last nodes' replies
-    (a socket closed with unread bytes is reset) and settles what they owed."""
+def test_close_reads_the_replies_a_release_left_coming(engine, servers):
+    """release() returns once a quorum deleted the key; close() (aclose()) then reads the last
+    nodes' replies (a socket closed with unread bytes is reset) and settles what they owed."""
     from tests.proxy import Proxy
 
     with Proxy(servers[3].port) as p3, Proxy(servers[4].port) as p4:
-        mgr = LockManager([s.url for s in servers[:3]] + [p3.url, p4.url], ttl=5, retry_count=0, restart_window=0)
+        mgr = engine.manager([s.url for s in servers[:3]] + [p3.url, p4.url], ttl=5, retry_count=0, restart_window=0)
         lock = mgr.acquire("closing", blocking=False)
         for proxy in (p3, p4):
             proxy.hold_replies()
         assert lock.release() is True  # three nodes confirmed; two replies are held
-        assert all(node.books.ledger.debts for node in mgr.node_list[3:])  # not confirmed yet
+        assert all(books.ledger.debts for books in engine.books_of(mgr)[3:])  # not confirmed yet
         for proxy in (p3, p4):
             proxy.pass_replies()
             proxy.flush_replies()  # on their way now
         mgr.close()
-        assert not any(node.books.ledger.debts for node in mgr.node_list)
-        assert not any(node.books.parked or node.books.idle for node in mgr.node_list)
+        assert not any(books.ledger.debts for books in engine.books_of(mgr))
+        assert not any(books.parked or books.idle for books in engine.books_of(mgr))
 
 
 def test_one_hold_shared_by_threads_leaves_each_callers_own_lock(mgr):
