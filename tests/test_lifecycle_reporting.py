@@ -20,7 +20,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.test import AsyncRequestFactory, RequestFactory
 from django.views import View
 
@@ -137,6 +137,86 @@ def test_a_class_based_view_whose_lock_was_lost_answers_500(accept):
 
     response = Report.as_view()(RequestFactory().post("/", headers={"Accept": accept}), pk=3)
     assert_lost_answer(response, accept == "application/json")
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/json"])
+def test_a_streaming_view_whose_lock_ran_out_before_it_returned_answers_500(accept):
+    """The stream would outlive a lock already gone: the loss is answered, not streamed as a success."""
+
+    @redlock("lost-stream-{pk}", ttl=TTL)
+    def view(request, pk):
+        run_past_the_lock(f"lost-stream-{pk}")
+        return StreamingHttpResponse(iter([b"body-answer"]))
+
+    response = view(RequestFactory().post("/", headers={"Accept": accept}), pk=4)
+    assert_lost_answer(response, accept == "application/json")
+
+
+async def test_an_async_streaming_view_whose_lock_ran_out_before_it_returned_answers_500():
+    @redlock("lost-async-stream", ttl=TTL)
+    async def view(request):
+        await run_past_the_lock_async("lost-async-stream")
+        return StreamingHttpResponse(iter([b"body-answer"]))
+
+    response = await view(AsyncRequestFactory().post("/"))
+    assert_lost_answer(response, False)
+
+
+async def test_a_class_based_view_with_async_handlers_runs_them_under_its_lock():
+    """``async def get`` on a RedlockMixin view: the handler runs while the lock is held, one
+    request at a time, and a second request meanwhile is answered 423."""
+    inside: list[bool] = []
+    entered = asyncio.Event()
+    proceed = asyncio.Event()
+
+    class Report(RedlockMixin, View):
+        redlock_key = "async-report-{pk}"
+
+        async def get(self, request, pk):
+            inside.append(await get_async_lock_manager().is_locked(f"async-report-{pk}"))
+            entered.set()
+            await proceed.wait()
+            return HttpResponse("body-answer")
+
+    view = Report.as_view()
+    first = asyncio.ensure_future(view(AsyncRequestFactory().get("/"), pk=5))
+    await asyncio.wait_for(entered.wait(), WAIT)
+    second = await view(AsyncRequestFactory().get("/"), pk=5)
+    proceed.set()
+    response = await first
+    assert inside == [True], "the handler ran without its lock"
+    assert second.status_code == 423
+    assert response.status_code == 200 and response.content == b"body-answer"
+    assert not await get_async_lock_manager().is_locked("async-report-5")
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/json"])
+async def test_a_class_based_view_with_async_handlers_whose_lock_was_lost_answers_500(accept):
+    class Report(RedlockMixin, View):
+        redlock_key = "lost-async-report-{pk}"
+        redlock_ttl = TTL
+
+        async def post(self, request, pk):
+            await run_past_the_lock_async(f"lost-async-report-{pk}")
+            return HttpResponse("body-answer")
+
+    response = await Report.as_view()(AsyncRequestFactory().post("/", headers={"Accept": accept}), pk=6)
+    assert_lost_answer(response, accept == "application/json")
+
+
+def test_a_locked_function_that_returns_an_awaitable_is_refused_and_leaves_no_lock():
+    """Its work would run after the release: refused, and the lock is released at once."""
+
+    async def work() -> str:
+        return "done"
+
+    @redlock("returns-awaitable")
+    def job():
+        return work()
+
+    with pytest.raises(TypeError, match="awaitable"):
+        job()
+    assert not get_lock_manager().is_locked("returns-awaitable")
 
 
 def test_rest_framework_views_whose_lock_was_lost_answer_500_in_json(settings):

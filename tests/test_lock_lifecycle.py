@@ -467,6 +467,26 @@ def test_a_hold_whose_keep_alive_cannot_start_leaves_no_lock_behind(manager):
     manager.acquire("no-watchdog", blocking=False).release()
 
 
+async def test_an_async_hold_whose_keep_alive_cannot_start_leaves_no_lock_behind(servers, monkeypatch):
+    """The keep-alive task cannot be made (a task factory that refuses, a closing loop): the error goes
+    to the caller and the lock just acquired is released, as by the sync hold."""
+    from django_redlock.core import async_manager
+
+    def no_task(*args: object) -> object:
+        raise RuntimeError("no keep-alive task")
+
+    monkeypatch.setattr(async_manager, "_keep_alive", no_task)
+    mgr = AsyncLockManager(servers.urls, retry_count=0, restart_window=0)
+    try:
+        with pytest.raises(RuntimeError, match="no keep-alive task"):
+            async with mgr.lock("no-keep-alive", auto_extend=True):
+                pytest.fail("the async with block ran without its keep-alive")
+        assert not await mgr.is_locked("no-keep-alive")
+        await (await mgr.acquire("no-keep-alive", blocking=False)).release()
+    finally:
+        await mgr.aclose()
+
+
 def test_a_slow_on_lost_does_not_stop_the_watchdog_keeping_other_locks_alive(manager):
     """on_lost may take a while (an alert sent over the network): meanwhile the watchdog goes on
     extending every other lock of the process, which would otherwise all expire."""

@@ -115,12 +115,25 @@ def _run_held(hold: LockContext, call: Callable[[], Any], request: HttpRequest |
         return locked_handler(on_locked)(request, error)
     try:
         result = call()
+        if inspect.isawaitable(result):
+            _refuse_awaitable(result)
     except BaseException:
         hold.leave(raised=True)
         raise
-    if _is_streaming(result) and not lock.lost:
+    if _is_streaming(result) and lock.locked():
         return _leave_after_stream(result, hold.leave)
     return answer_loss(hold.leave(), result, request)
+
+
+def _refuse_awaitable(result: Any) -> None:
+    """A sync call under the lock returned an awaitable: its work would run after the release."""
+    if inspect.iscoroutine(result):
+        result.close()
+    raise TypeError(
+        f"A call locked by @redlock or RedlockMixin returned an awaitable ({type(result).__name__}): its work "
+        "would run after the lock is released. Lock an 'async def' function (RedlockMixin: async handlers "
+        "are held by the asyncio manager), or await it inside the locked call."
+    )
 
 
 async def _run_held_async(
@@ -138,7 +151,7 @@ async def _run_held_async(
     except BaseException:
         await hold.leave(raised=True)
         raise
-    if _is_streaming(result) and not lock.lost:
+    if _is_streaming(result) and lock.locked():
 
         def leave() -> None:
             # Closed by the server from a worker thread: released through the sync manager's connections.
@@ -192,21 +205,24 @@ class RedlockMixin:
         return resources
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        from django_redlock.manager import get_lock_manager
+        """Run the handler while holding the lock: on the asyncio manager for a view whose handlers
+        are ``async def`` (Django awaits what ``dispatch`` returns), else on the sync one."""
+        from django_redlock.manager import get_async_lock_manager, get_lock_manager
 
         if _is_api_view(self):
             request._redlock_api = True  # type: ignore[attr-defined]  # answered in JSON, as @redlock does
         resource = self.get_redlock_key()
         conf.check_max_ttl(self.redlock_ttl)
-        hold = get_lock_manager().lock(
-            resource,
-            self.redlock_ttl,
-            blocking=self.redlock_blocking,
-            timeout=self.redlock_timeout,
-            reentrant=self.redlock_reentrant,
-        )
+        options: dict[str, Any] = {
+            "blocking": self.redlock_blocking, "timeout": self.redlock_timeout, "reentrant": self.redlock_reentrant
+        }
         dispatch = super().dispatch  # type: ignore[misc]
-        return _run_held(hold, lambda: dispatch(request, *args, **kwargs), request, self.redlock_on_locked)
+        call = functools.partial(dispatch, request, *args, **kwargs)
+        if getattr(type(self), "view_is_async", False):
+            ahold = get_async_lock_manager().lock(resource, self.redlock_ttl, **options)
+            return _run_held_async(ahold, call, request, self.redlock_on_locked)
+        hold = get_lock_manager().lock(resource, self.redlock_ttl, **options)
+        return _run_held(hold, call, request, self.redlock_on_locked)
 
 
 def _is_api_view(view: Any) -> bool:

@@ -87,7 +87,11 @@ class AsyncLockContext(ContextBase[AsyncLock]):
 
     async def __aenter__(self) -> AsyncLock:
         lock = await self.manager.acquire(self.resource, **self.kwargs)
-        self._entered(lock, lambda: asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost)))
+        try:
+            self._entered(lock, lambda: asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost)))
+        except BaseException:
+            await self.leave(raised=True)  # the keep-alive could not start: the block never owned it
+            raise
         return lock
 
     async def leave(self, raised: bool = False) -> LockLost | None:

@@ -452,7 +452,12 @@ class ContextBase(Generic[_L]):
         what it returns (an async task) stays with this entry."""
         keeps = self.auto_extend and lock._depth == 1
         self.lock = lock
-        self._entries.append((lock, keeper() if keeps and keeper is not None else None))
+        kept = None
+        try:
+            if keeps and keeper is not None:
+                kept = keeper()
+        finally:
+            self._entries.append((lock, kept))  # also when the keeper cannot start: leave() finds it
         return keeps
 
     def _leaving(self) -> tuple[_L, Any] | None:
