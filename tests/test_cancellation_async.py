@@ -9,8 +9,16 @@ import asyncio
 import pytest
 
 from django_redlock.core import AsyncLockManager
+from django_redlock.exceptions import LockNotAcquired
 from tests.proxy import Proxy
-from tests.test_late_releases_async import acquire_soon, quick
+from tests.test_late_releases import quick
+
+
+async def acquire_soon(mgr, resource, within):
+    try:
+        return await mgr.acquire(resource, timeout=within)
+    except LockNotAcquired as exc:
+        pytest.fail(f"{resource!r} still locked {within} s later, with no holder left: {exc}")
 
 
 # -- a cancelled acquire or release leaves nothing behind ----------------------------------

@@ -7,11 +7,15 @@ import threading
 import pytest
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
-from django.test import AsyncClient, Client
+from django.http import HttpResponse
+from django.test import AsyncClient, Client, RequestFactory
+from django.views import View
 
 from django_redlock import get_lock_manager, redlock
+from django_redlock.decorators import RedlockMixin
 from django_redlock.exceptions import LockNotAcquired
 from tests import views
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 
@@ -81,6 +85,30 @@ def test_class_based_views(url):
     response = Client().get(url)
     assert response.status_code == 423 and response["Retry-After"]
     lock.release()
+
+
+def test_class_based_view_label_and_auto_extend():
+    """``redlock_label`` is the holder's label on the nodes; ``redlock_auto_extend`` keeps the lock
+    alive while the handler runs past its ttl, so the view answers 200, not a lost lock's 500."""
+    seen = {}
+
+    class Export(RedlockMixin, View):
+        redlock_key = "export-{pk}"
+        redlock_ttl = 0.3
+        redlock_label = "csv-export"
+        redlock_auto_extend = True
+
+        def get(self, request, pk):
+            manager = get_lock_manager()
+            seen["label"] = manager.lock_record(f"export-{pk}").holder.label
+            (lock,) = manager._held.overlapping((f"export-{pk}",))
+            eventually(lambda: lock.extensions >= 2, seconds=5.0)  # past its ttl twice over
+            return HttpResponse("exported")
+
+    response = Export.as_view()(RequestFactory().get("/"), pk=8)
+    assert response.status_code == 200 and response.content == b"exported"
+    assert seen["label"] == "csv-export"
+    assert not get_lock_manager().is_locked("export-8")
 
 
 @pytest.mark.django_db

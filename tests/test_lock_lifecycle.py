@@ -165,6 +165,41 @@ def test_keep_alive_notices_a_force_release_before_the_next_extension(engine, se
             assert lock.lost and lock.extensions == 0
 
 
+def test_acquire_with_auto_extend_keeps_the_lock_alive_until_it_is_released(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
+    lock = manager.acquire("kept", ttl=0.3, auto_extend=True)
+    eventually(lambda: lock.extensions >= 3, seconds=5.0)  # past its ttl three times over
+    assert lock.locked() and manager.is_locked("kept")
+    assert lock.release() is True
+    extensions = lock.extensions
+    time.sleep(0.4)  # longer than the ttl: a watch left running would have extended by now
+    assert lock.extensions == extensions and not manager.is_locked("kept")
+
+
+def test_acquire_with_auto_extend_reports_a_loss_to_on_lost(engine, servers):
+    manager = engine.manager(servers.urls, **FAST)
+    fired = threading.Event()
+    lock = manager.acquire("kept-lost", ttl=3.0, auto_extend=True, on_lost=lambda lost: fired.set())
+    manager.force_release("kept-lost")
+    assert fired.wait(2.0), "the loss was not reported"  # the watch looks before the first extension
+    assert lock.lost and lock.release() is False
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"auto_extend": "yes"}, "auto_extend must be True or False"),
+        ({"auto_extend": True, "max_hold": -1}, "max_hold must be > 0"),
+        ({"auto_extend": True, "on_lost": "alert"}, "on_lost must be a callable"),
+    ],
+)
+def test_acquire_checks_its_keep_alive_arguments_before_it_acquires(engine, servers, options, message):
+    manager = engine.manager(servers.urls, **FAST)
+    with pytest.raises(ValueError, match=message):
+        manager.acquire("checked", **options)
+    assert not manager.is_locked("checked")
+
+
 # -- a dropped handle stops being extended -------------------------
 
 

@@ -184,14 +184,17 @@ class RedlockMixin:
     and ``view`` (``"report-{pk}"``, ``"user-{request.user.pk}"``), or
     override :meth:`get_redlock_key`; a list of format strings locks them
     together. ``redlock_ttl``, ``redlock_blocking``, ``redlock_timeout``,
-    ``redlock_reentrant`` and ``redlock_on_locked`` work as the arguments of
-    :func:`redlock`; a lock lost while the view ran is answered as there.
+    ``redlock_label``, ``redlock_auto_extend``, ``redlock_reentrant`` and
+    ``redlock_on_locked`` work as the arguments of :func:`redlock`; a lock
+    lost while the view ran is answered as there.
     """
 
     redlock_key: str | list[str] | None = None
     redlock_ttl: float | None = None
     redlock_blocking: bool = False
     redlock_timeout: float | None = None
+    redlock_label: str | None = None
+    redlock_auto_extend: bool = False
     redlock_reentrant: bool = False
     redlock_on_locked: Callable[..., HttpResponse] | str | None = None
 
@@ -214,7 +217,11 @@ class RedlockMixin:
         resource = self.get_redlock_key()
         conf.check_max_ttl(self.redlock_ttl)
         options: dict[str, Any] = {
-            "blocking": self.redlock_blocking, "timeout": self.redlock_timeout, "reentrant": self.redlock_reentrant
+            "blocking": self.redlock_blocking,
+            "timeout": self.redlock_timeout,
+            "label": self.redlock_label,
+            "auto_extend": self.redlock_auto_extend,
+            "reentrant": self.redlock_reentrant,
         }
         dispatch = super().dispatch  # type: ignore[misc]
         call = functools.partial(dispatch, request, *args, **kwargs)

@@ -22,6 +22,8 @@ __all__ = ["AsyncLock", "AsyncLockManager"]
 
 #: Tasks that must finish even if whoever started them is cancelled (releases).
 _BACKGROUND: set[asyncio.Task[Any]] = set()
+#: The keep-alive tasks, held until they end (the loop holds its tasks weakly).
+_KEEPERS: set[asyncio.Task[None]] = set()
 
 
 class AsyncLock(LockBase):
@@ -86,12 +88,8 @@ class AsyncLockContext(ContextBase[AsyncLock]):
     manager: AsyncLockManager
 
     async def __aenter__(self) -> AsyncLock:
-        lock = await self.manager.acquire(self.resource, **self.kwargs)
-        try:
-            self._entered(lock, lambda: asyncio.ensure_future(_keep_alive(lock, self.max_hold, self.on_lost)))
-        except BaseException:
-            await self.leave(raised=True)  # the keep-alive could not start: the block never owned it
-            raise
+        lock = await self.manager.acquire(self.resource, **self._acquire_options())
+        self._entered(lock)
         return lock
 
     async def leave(self, raised: bool = False) -> LockLost | None:
@@ -221,12 +219,26 @@ class AsyncLockManager(ManagerBase):
         timeout: float | None = None,
         label: str | None = None,
         reentrant: bool = False,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        on_lost: Callable[[AsyncLock], Any] | None = None,
     ) -> AsyncLock:
-        """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`."""
+        """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`. With ``auto_extend``
+        a task on the running loop keeps the lock alive until it is released."""
+        keep = self._keeping(auto_extend, max_hold, on_lost)
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
             return cast(AsyncLock, held)
-        return self._granted(await self._run(step), AsyncLock)
+        lock = self._granted(await self._run(step), AsyncLock)
+        if keep is not None:
+            try:
+                lock._keeper = task = asyncio.ensure_future(_keep_alive(lock, *keep))
+            except BaseException:
+                await lock.release()  # the keep-alive could not start: the caller never owned it
+                raise
+            _KEEPERS.add(task)
+            task.add_done_callback(_KEEPERS.discard)
+        return lock
 
     async def adopt(
         self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None

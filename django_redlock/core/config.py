@@ -33,6 +33,7 @@ __all__ = [
     "call_hook",
     "check_count",
     "check_flag",
+    "check_keep_alive",
     "check_label",
     "check_resource",
     "check_resources",
@@ -187,6 +188,14 @@ def check_wait(blocking: Any, timeout: Any) -> float | None:
             "attempt and never waits. Pass blocking=True to wait up to the timeout, or drop the timeout."
         )
     return seconds
+
+
+def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> float | None:
+    """``max_hold`` of a lock kept alive (``auto_extend``), once ``on_lost`` is checked too."""
+    check_flag(auto_extend, "auto_extend")
+    if on_lost is not None and not callable(on_lost):
+        raise ValueError(f"on_lost must be a callable taking the lock, or None; got {type(on_lost).__name__}.")
+    return check_seconds(max_hold, "max_hold", allow_none=True)
 
 
 def check_label(label: Any) -> str | None:

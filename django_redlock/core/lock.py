@@ -77,6 +77,8 @@ class LockBase:
         # A call within the owner that entered it (lent to one such call at a time), and how often.
         self._borrower: weakref.ref[Any] | None = None
         self._borrowed = 0
+        # What keeps it alive when acquired with auto_extend (the asyncio manager's task), if anything.
+        self._keeper: Any = None
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
 
@@ -434,10 +436,8 @@ class ContextBase(Generic[_L]):
         self.manager = manager
         self.resource = base.check_resources(resource)
         self.kwargs = kwargs
+        self.max_hold = base.check_keep_alive(auto_extend, max_hold, on_lost)
         self.auto_extend = auto_extend
-        self.max_hold = base.check_seconds(max_hold, "max_hold", allow_none=True)
-        if on_lost is not None and not callable(on_lost):
-            raise ValueError("on_lost must be a callable taking the lock, or None.")
         self.on_lost = on_lost
         #: The lock, once entered.
         self.lock: _L | None = None
@@ -446,19 +446,15 @@ class ContextBase(Generic[_L]):
         # would share a threading.Lock); each exit leaves one. With each, what keeps it alive.
         self._entries: list[tuple[_L, Any]] = []
 
-    def _entered(self, lock: _L, keeper: Callable[[], Any] | None = None) -> bool:
-        """Note the lock just acquired; True when this entry is to keep it alive (a re-entered
-        lock is kept alive by its outer entry, or not at all). Then ``keeper()`` starts that, and
-        what it returns (an async task) stays with this entry."""
-        keeps = self.auto_extend and lock._depth == 1
+    def _acquire_options(self) -> dict[str, Any]:
+        """What ``manager.acquire()`` is asked: this hold's arguments, keep-alive included."""
+        return {**self.kwargs, "auto_extend": self.auto_extend, "max_hold": self.max_hold, "on_lost": self.on_lost}
+
+    def _entered(self, lock: _L) -> None:
+        """Note the lock just acquired (``acquire()`` started its keep-alive, if asked): the entry
+        that started it stops it (an async task) when it is left."""
         self.lock = lock
-        kept = None
-        try:
-            if keeps and keeper is not None:
-                kept = keeper()
-        finally:
-            self._entries.append((lock, kept))  # also when the keeper cannot start: leave() finds it
-        return keeps
+        self._entries.append((lock, lock._keeper if self.auto_extend and lock._depth == 1 else None))
 
     def _leaving(self) -> tuple[_L, Any] | None:
         """The entry to leave now (its lock, its keeper), once: None when none is left. The caller's
@@ -494,13 +490,8 @@ class LockContext(ContextBase[Lock]):
     def __enter__(self) -> Lock:
         steps.engine_calls.depth += 1  # until the with block owns the lock: a stop here would leave it
         try:
-            lock = self.manager.acquire(self.resource, **self.kwargs)
-            try:
-                if self._entered(lock):
-                    self.manager._watch(lock, self.max_hold, self.on_lost)
-            except BaseException:
-                self.leave(raised=True)  # the watchdog could not start: the with block never owned it
-                raise
+            lock = self.manager.acquire(self.resource, **self._acquire_options())
+            self._entered(lock)
             return lock
         finally:
             # Not leave(): a stop sent again here could land before the with block owns the lock.

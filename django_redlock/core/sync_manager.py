@@ -94,6 +94,12 @@ class ManagerBase:
         note = functools.partial(self._held.note, resources)
         return None, steps.acquire(self.config, self.quorum, self.nodes, resources, ttl, blocking, timeout, label, note)
 
+    @staticmethod
+    def _keeping(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:
+        """``(max_hold, on_lost)`` when a lock is to be kept alive once acquired, checked first."""
+        max_hold = base.check_keep_alive(auto_extend, max_hold, on_lost)
+        return (max_hold, on_lost) if auto_extend else None
+
     def _adopting(self, resource: Any, token: Any, ttl: Any, fencing_token: Any) -> steps.Step:
         if fencing_token is not None and (isinstance(fencing_token, bool) or not isinstance(fencing_token, int)):
             raise ValueError(f"fencing_token must be an int (lock.fencing_token) or None; got {fencing_token!r}.")
@@ -209,6 +215,9 @@ class LockManager(ManagerBase):
         timeout: float | None = None,
         label: str | None = None,
         reentrant: bool = False,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        on_lost: Callable[[Lock], Any] | None = None,
     ) -> Lock:
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
@@ -241,6 +250,12 @@ class LockManager(ManagerBase):
             Holding only part of the set raises
             :class:`~django_redlock.exceptions.LockNotAcquired` at once.
             See :ref:`reentrant-locks`.
+        :param auto_extend: Keep the lock alive until it is released, from
+            the background thread shared by all locks (see :meth:`lock`);
+            a lock dropped without a release stops being extended and
+            expires. A re-entered lock keeps its outer entry's keep-alive.
+        :param max_hold: As for :meth:`lock`.
+        :param on_lost: As for :meth:`lock`.
         :raises ~django_redlock.exceptions.LockNotAcquired: when it gives
             up; :class:`~django_redlock.exceptions.QuorumUnavailable`, a
             subclass, when too few nodes answered.
@@ -260,10 +275,18 @@ class LockManager(ManagerBase):
         another thread of this process holds it, the error names that
         thread.
         """
+        keep = self._keeping(auto_extend, max_hold, on_lost)
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
             return cast(Lock, held)
-        return self._granted(self._run(step), Lock)
+        lock = self._granted(self._run(step), Lock)
+        if keep is not None:
+            try:
+                self._watch(lock, *keep)
+            except BaseException:
+                lock.release()  # the watchdog could not start: the caller never owned it
+                raise
+        return lock
 
     def adopt(
         self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None
