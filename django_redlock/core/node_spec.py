@@ -72,10 +72,11 @@ def _display_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return f"{parts.scheme}://{netloc}{parts.path}"
+    # Credentials sit in the path of a URL missing a slash ("redis:/:pw@host"): mask them there too.
+    rest = parts.netloc + parts.path
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return f"{parts.scheme}://{rest}"
 
 
 def _check_url(url: str, where: str) -> None:

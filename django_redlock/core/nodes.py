@@ -283,17 +283,30 @@ def read_booked(
         reply = exc
     if reply is INCOMPLETE:
         return None
-    now = clock.now()
     try:
+        now = clock.now()
+        try:
+            if mutex is None:
+                taken, resend = books.book(conn, reply, now, rnd)
+            else:
+                with mutex:
+                    taken, resend = books.book(conn, reply, now, rnd)
+        except ValueError as exc:
+            raise RedisConnectionError(f"Protocol error: {exc}") from None
+        if resend is not None:
+            conn.send_packed_command(pack(resend))
+    except (RedisError, OSError):
+        raise  # the caller gives the connection up
+    except BaseException:
+        # Interrupted (a signal) between reading the reply and booking it, or before sending what it
+        # asks for: the connection is out of step with its replies; give it up.
         if mutex is None:
-            taken, resend = books.book(conn, reply, now, rnd)
+            books.drop(conn, clock.now())
         else:
             with mutex:
-                taken, resend = books.book(conn, reply, now, rnd)
-    except ValueError as exc:
-        raise RedisConnectionError(f"Protocol error: {exc}") from None
-    if resend is not None:
-        conn.send_packed_command(pack(resend))
+                books.drop(conn, clock.now())
+        _disconnect(conn)
+        raise
     return taken
 
 
@@ -349,10 +362,13 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
         if watched:
             _collect(nodes, rnd, watched)
     except BaseException:
-        # Interrupted (a signal, KeyboardInterrupt): keep the books straight.
+        # Interrupted (a signal, KeyboardInterrupt): a command booked but not written, or a reply read
+        # but not booked, would leave a connection out of step with its replies. Give up every one
+        # this round still used; what they carried may land later, as on any dropped connection.
         if writing is not None:
             writing[0].drop(writing[1])
-        _finish(nodes, rnd, pid)
+        for i, conn in rnd.finish(clock.now()):
+            nodes[i].drop(conn)
         raise
     _finish(nodes, rnd, pid)
     return rnd.results

@@ -1,0 +1,69 @@
+"""A signal that interrupts a round (KeyboardInterrupt, a soft time limit, a SIGALRM request timeout)
+leaves every connection in step with its replies, on real servers.
+
+An exception raised by a signal handler can land anywhere in a fan-out: after a command was booked
+but before it was written, or after a reply was read but before it was booked. A connection left
+there would pair every later reply with the command before it. The round gives up such
+connections instead: what they carried is booked as possibly landed, as for a dropped connection.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from django_redlock.core import LockManager, clock, steps
+from django_redlock.core.rounds import Failure
+
+
+class Interrupt(BaseException):
+    """What a signal handler raises: not an Exception, as KeyboardInterrupt."""
+
+
+def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
+    rng = random.Random(7)
+    manager = LockManager(servers.urls, ttl=10, retry_count=0, node_timeout=0.05, restart_window=0)
+
+    def interrupt(signum, frame):
+        raise Interrupt()
+
+    def echo(tag: str) -> list[object]:
+        """One round of ECHO to every node: the engine's fan-out, with no hook or log line around it
+        (a signal landing in the logging module could leave its mutex held: not what is tested here)."""
+        return manager._run(steps.ask(len(servers), [("ECHO", tag)], 0.05))[0]
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    interrupted = wrong = 0
+    try:
+        echo("warm-up")
+        deadline = time.monotonic() + 3.0
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            try:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00001, 0.0015))
+                    replies = echo(f"r{i}")
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except Interrupt:
+                interrupted += 1
+                continue
+            wrong += sum(1 for r in replies if not isinstance(r, Failure) and r != f"r{i}".encode())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert interrupted > 100, interrupted
+    time.sleep(0.3)  # every reply that is coming has come (local servers, well under the stale limit)
+    out_of_step = []
+    for node in manager.node_list:
+        node._drain_parked(clock.now())
+        for conn in list(node.books.parked) + [conn for conn, _ in node.books.idle]:
+            if conn.expect:
+                out_of_step.append((node.name, [entry.kind.name for entry in conn.expect]))
+    replies = echo("after")  # every node answers its own reply at once
+    manager.close()
+    assert out_of_step == [], f"connections waiting for replies that will never come: {out_of_step}"
+    assert wrong == 0, f"{wrong} replies answered another command"
+    assert replies == [b"after"] * len(servers), replies
