@@ -104,6 +104,10 @@ class Hints:
         "Run the node with 'appendonly yes' and 'appendfsync always', or remove 'FSYNC_ALWAYS' from its entry "
         "in REDLOCK_NODES (it then sits out for RESTART_WINDOW after each restart)."
     )
+    LOCKED_RESPONSE = (
+        "Set REDLOCK['LOCKED_RESPONSE'] to the dotted path of a function (request, error) -> HttpResponse, "
+        "or remove it (a contended view then answers 423 Locked)."
+    )
     NO_REPLICATION = (
         "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
     )
@@ -126,6 +130,28 @@ def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
             Error(Messages.SHORT_WINDOW.format(**values), hint=Hints.SHORT_WINDOW.format(**values), id=Codes.MAX_TTL)
         )
     return errors
+
+
+def _locked_response_errors(value: Any) -> list[Any]:
+    """REDLOCK['LOCKED_RESPONSE'] resolved as a contended view resolves it: it must import and be callable."""
+    if value is None:
+        return []
+    from django_redlock.adapters.answers import locked_handler
+
+    name = "REDLOCK['LOCKED_RESPONSE']"
+    try:
+        locked_handler(None)
+    except ImproperlyConfigured as exc:
+        text = str(exc)
+        if text.startswith("on_locked "):  # the runtime's words for a view's argument: name the setting
+            text = f"{name} = {value!r} {text[len('on_locked '):]}"
+        elif not text.startswith(name):
+            text = f"{name} = {value!r}: {text}"
+    except Exception as exc:  # noqa: BLE001 - the module raised while importing: report it, do not crash check
+        text = f"{name} = {value!r} cannot be imported: {type(exc).__name__}: {exc}"
+    else:
+        return []
+    return [Error(text, hint=Hints.LOCKED_RESPONSE, id=Codes.OPTIONS)]
 
 
 def _server(node: Any) -> str:
@@ -161,7 +187,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors: list[Any] = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
     if not problems:
         config = conf.get_config()
-        errors += _max_ttl_errors(config)
+        errors += _max_ttl_errors(config) + _locked_response_errors(config["LOCKED_RESPONSE"])
     nodes, node_errors = _node_errors()
     errors += node_errors
     if node_errors or problems:
