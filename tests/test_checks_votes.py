@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import queue
 import re
@@ -171,3 +172,39 @@ def test_runserver_says_the_nodes_sit_out(servers, tmp_path):
     text = "".join(seen)
     assert Codes.SITS_OUT in text and "Only 0 of 3 Redlock nodes can vote now, 2 needed" in text, text
     assert len(SECONDS_LEFT.findall(text)) == 3 and ledger.RESTART_ADVICE in text.replace("\n\t", " ")
+
+
+def readme_quickstart():
+    text = (ROOT / "README.md").read_text()
+    return text.split("## Quickstart", 1)[1].split("```", 2)[1]
+
+
+def test_readme_two_setup_commands_are_kept():
+    text = (ROOT / "README.md").read_text()
+    assert "make demo    # example project on 5 local Redis masters: http://127.0.0.1:8000/\n" in text
+    assert "make test    # the whole test suite, against real redis-server processes\n" in text
+
+
+def test_readme_quickstart_way_out_works(settings, servers):
+    """The quickstart's note next to REDLOCK_NODES: fresh nodes sit out; its development command and
+    declaration let them vote at once; its test setting turns the rule off."""
+    from django_redlock.testing import RedisServers
+
+    quickstart = readme_quickstart()
+    after_nodes = quickstart.split("REDLOCK_NODES = ", 1)[1]
+    assert "sits out" in after_nodes.split("\n\n")[0] and "MAX_TTL (60 s" in quickstart
+    command = re.search(r"#\s+(redis-server [^\n]*)", after_nodes).group(1).split()
+    assert command[1:] == ["--appendonly", "yes", "--appendfsync", "always"]
+    declaration = re.search(r'(\{"URL": [^}]*\})', after_nodes).group(1)
+    for_tests = ast.literal_eval(re.search(r"REDLOCK = (\{[^}]*\})", after_nodes).group(1))
+    with RedisServers(3, extra_args=command[1:]) as fresh_nodes:
+        settings.REDLOCK = DEFAULT_WINDOW
+        settings.REDLOCK_NODES = fresh_nodes.urls
+        assert [m.id for m in check_votes()] == [Codes.SITS_OUT]  # started fresh: they sit out
+        settings.REDLOCK_NODES = [{**ast.literal_eval(declaration), "URL": url} for url in fresh_nodes.urls]
+        assert check_votes() == []
+        get_lock_manager().acquire("quickstart").release()
+    settings.REDLOCK_NODES = fresh(servers, 3)
+    settings.REDLOCK = {**DEFAULT_WINDOW, **for_tests}
+    assert check_votes() == []
+    get_lock_manager().acquire("quickstart-tests").release()
