@@ -236,9 +236,9 @@ def _count(value: Any, argument: str) -> int | None:
     return check_count(value, argument, allow_none=True)
 
 
-#: Each setting of a manager's own check, by keyword: ``check(value, name)`` returns the value to use,
-#: or raises ValueError saying what ``name`` (the keyword, or the setting it came from) expects.
-#: Settings read elsewhere (Django's ``REDLOCK``) are checked with these, so both refuse the same values.
+#: The rule for each of a manager's settings, by keyword: ``check(value, name)`` returns the value to
+#: use, or raises ValueError saying what ``name`` (the keyword, or the setting it came from) expects.
+#: Settings read elsewhere (Django's ``REDLOCK``) are checked by these, so both refuse the same values.
 ARGUMENTS: dict[str, Callable[[Any, str], Any]] = {
     "ttl": check_duration,
     "retry_count": _count,
