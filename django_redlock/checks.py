@@ -1,13 +1,15 @@
 """System checks for the lock topology.
 
-The default checks read settings only. The ones that must ask the nodes
-(replicas, one server under two addresses, eviction policy) run with
-``manage.py check --deploy`` (just those: ``--deploy --tag redlock_nodes``);
-``manage.py redlock status`` shows the rest.
+The default checks read settings, and ask each node once, as a lock would,
+whether it votes (nodes that sit out after a restart). The ones that ask
+more (nodes that do not answer, replicas, one server under two addresses,
+eviction policy) run with ``manage.py check --deploy`` (just those:
+``--deploy --tag redlock_nodes``); ``manage.py redlock status`` shows the rest.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +42,8 @@ class Codes:
     SAME_HOST = "django_redlock.W009"
     NOT_FSYNCING = "django_redlock.W010"
     NO_REPLICATION = "django_redlock.W011"
+    SITS_OUT = "django_redlock.W012"
+    NO_QUORUM = "django_redlock.E005"
 
 
 class Messages:
@@ -72,6 +76,9 @@ class Messages:
         "Redlock node {node} refuses INFO replication to the lock user ({error}): a replica promoted behind "
         "its address cannot be told from a restart, so every other server seen there sits out RESTART_WINDOW."
     )
+    NO_VOTES = "Only {voting} of {total} Redlock nodes can vote now, {quorum} needed: every lock fails{until} ({detail})."
+    SITS_OUT = "{count} of {total} Redlock nodes sit out after a restart; locks work ({voting} vote, {quorum} needed) ({detail})."
+    NO_QUORUM = "Only {answered} of {total} Redlock nodes answered, {quorum} needed: every lock fails."
 
 
 class Hints:
@@ -104,6 +111,11 @@ class Hints:
         "Run the node with 'appendonly yes' and 'appendfsync always', or remove 'FSYNC_ALWAYS' from its entry "
         "in REDLOCK_NODES (it then sits out for RESTART_WINDOW after each restart)."
     )
+    LOCKED_RESPONSE = (
+        "Set REDLOCK['LOCKED_RESPONSE'] to the dotted path of a function (request, error) -> HttpResponse, "
+        "or remove it (a contended view then answers 423 Locked)."
+    )
+    NO_QUORUM = "Start the nodes that did not answer, or fix their address, password or firewall; run 'manage.py redlock status'."
     NO_REPLICATION = (
         "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
     )
@@ -126,6 +138,28 @@ def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
             Error(Messages.SHORT_WINDOW.format(**values), hint=Hints.SHORT_WINDOW.format(**values), id=Codes.MAX_TTL)
         )
     return errors
+
+
+def _locked_response_errors(value: Any) -> list[Any]:
+    """REDLOCK['LOCKED_RESPONSE'] resolved as a contended view resolves it: it must import and be callable."""
+    if value is None:
+        return []
+    from django_redlock.adapters.answers import locked_handler
+
+    name = "REDLOCK['LOCKED_RESPONSE']"
+    try:
+        locked_handler(None)
+    except ImproperlyConfigured as exc:
+        text = str(exc)
+        if text.startswith("on_locked "):  # the runtime's words for a view's argument: name the setting
+            text = f"{name} = {value!r} {text[len('on_locked '):]}"
+        elif not text.startswith(name):
+            text = f"{name} = {value!r}: {text}"
+    except Exception as exc:  # noqa: BLE001 - the module raised while importing: report it, do not crash check
+        text = f"{name} = {value!r} cannot be imported: {type(exc).__name__}: {exc}"
+    else:
+        return []
+    return [Error(text, hint=Hints.LOCKED_RESPONSE, id=Codes.OPTIONS)]
 
 
 def _server(node: Any) -> str:
@@ -161,7 +195,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors: list[Any] = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
     if not problems:
         config = conf.get_config()
-        errors += _max_ttl_errors(config)
+        errors += _max_ttl_errors(config) + _locked_response_errors(config["LOCKED_RESPONSE"])
     nodes, node_errors = _node_errors()
     errors += node_errors
     if node_errors or problems:
@@ -188,6 +222,52 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return errors
+
+
+#: How long the checks wait for the nodes' answers (seconds), as ``redlock status`` does.
+PROBE_TIMEOUT = 1.0
+
+
+@register(TAG, NODES_TAG)
+def check_votes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """Ask every node once, as a lock would, whether it votes: report nodes that sit out after a
+    (re)start (delayed-restart rule), with the seconds left, and whether locks work meanwhile.
+
+    Nodes that do not answer are left to ``check --deploy``.
+    """
+    from django_redlock.core import LockManager, ledger
+
+    nodes, bad = _node_errors()
+    if bad or conf.config_problems():
+        return []  # reported by check_settings
+    try:
+        manager = LockManager(nodes, **conf.engine_options())
+    except ValueError:
+        return []  # settings clients would disagree on: reported by check_settings
+    try:
+        statuses = manager.node_status(timeout=PROBE_TIMEOUT)
+    finally:
+        manager.close()
+    sitting = [s for s in statuses if s.reachable and ledger.DELAYED_RESTART in (s.not_voting_reason or "")]
+    if not sitting:
+        return []
+    voting = sum(1 for s in statuses if s.votes)
+    values: dict[str, Any] = {
+        "voting": voting,
+        "total": len(statuses),
+        "quorum": manager.quorum,
+        "count": len(sitting),
+        # as a lock's failure says it: "name: why; ..."
+        "detail": "; ".join(f"{s.name}: {s.not_voting_reason or s.error or 'did not answer'}" for s in statuses if not s.votes),
+    }
+    if voting >= manager.quorum:
+        message = Messages.SITS_OUT.format(**values)
+    else:
+        # Seconds until a quorum votes, if the nodes that sit out are all that is missing.
+        waits = sorted([0.0] * voting + [s.sits_out_for for s in sitting])
+        values["until"] = f" for {math.ceil(waits[manager.quorum - 1])} s more" if len(waits) >= manager.quorum else ""
+        message = Messages.NO_VOTES.format(**values)
+    return [Warning(message, hint=ledger.RESTART_ADVICE, id=Codes.SITS_OUT)]
 
 
 def _config_word(reply: Any) -> str | None:
@@ -223,7 +303,11 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         ("CONFIG", "GET", "appendonly"),
         ("CONFIG", "GET", "appendfsync"),
     ]
-    infos, replication, roles, policies, aof, fsync = manager._run(steps.ask(len(nodes), questions, 1.0))
+    infos, replication, roles, policies, aof, fsync = manager._run(steps.ask(len(nodes), questions, PROBE_TIMEOUT))
+    answered = sum(1 for info in infos if not (isinstance(info, Failure) and not info.answered))
+    if answered < manager.quorum:
+        counts = {"answered": answered, "total": len(nodes), "quorum": manager.quorum}
+        errors.append(Error(Messages.NO_QUORUM.format(**counts), hint=Hints.NO_QUORUM, id=Codes.NO_QUORUM))
     run_ids: dict[str, list[str]] = {}
     for node, appendonly, appendfsync in zip(nodes, aof, fsync):
         # What CONFIG says now only warns; the declaration alone decides the vote.

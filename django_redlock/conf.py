@@ -9,7 +9,6 @@ managers built from it).
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -18,6 +17,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from django_redlock.core.config import check_arguments
 
 __all__ = ["DEFAULTS", "get_config", "get_nodes"]
 
@@ -54,8 +55,8 @@ ENGINE_KEYS = {
     "MAX_TTL": "max_ttl",
 }
 
-NUMBERS = {"TTL", "RETRY_DELAY", "RETRY_JITTER", "CLOCK_DRIFT_FACTOR", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"}
-POSITIVE = {"TTL", "NODE_TIMEOUT", "COMMAND_TTL", "MAX_TTL"}
+# The Django layer's own keys, checked by the engine's rule for the argument they become.
+LAYER_KEYS = {"COMMAND_TTL": "ttl"}  # a command's lock ttl
 #: Setting names people type for ours.
 MISSPELT = {
     "REDLOCK_NODE": "REDLOCK_NODES",
@@ -91,12 +92,10 @@ def config_problems() -> list[str]:
         hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(DEFAULTS))}."
         problems.append(f"REDLOCK has an unknown key {key!r}; {hint}")
     config = {**DEFAULTS, **user}
-    for key in sorted(NUMBERS):
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            problems.append(f"REDLOCK['{key}'] must be a finite number of seconds >= 0; got {value!r}.")
-        elif key in POSITIVE and value <= 0:
-            problems.append(f"REDLOCK['{key}'] must be greater than 0; got {value!r}.")
+    # The engine's own rules (core.config.ARGUMENTS), each value named as the setting it came from.
+    for keys in (ENGINE_KEYS, LAYER_KEYS):
+        values = {argument: config[key] for key, argument in keys.items()}
+        problems += check_arguments(values, {argument: f"REDLOCK['{key}']" for key, argument in keys.items()})[1]
     return problems
 
 

@@ -70,8 +70,8 @@ def test_bad_nodes_are_errors(settings, nodes, text):
     ("redlock", "text"),
     [
         ({"TLL": 3}, "unknown key 'TLL'; did you mean 'TTL'"),
-        ({"TTL": -1}, "REDLOCK['TTL'] must be a finite number"),
-        ({"NODE_TIMEOUT": 0}, "REDLOCK['NODE_TIMEOUT'] must be greater than 0"),
+        ({"TTL": -1}, "REDLOCK['TTL'] must be > 0 seconds; got -1."),
+        ({"NODE_TIMEOUT": 0}, "REDLOCK['NODE_TIMEOUT'] must be > 0 seconds; got 0."),
         ("fast", "REDLOCK must be a dict"),
     ],
 )

@@ -3,6 +3,7 @@ the deploy checks by tag, and a module-level manager that follows settings."""
 
 from __future__ import annotations
 
+import re
 from io import StringIO
 
 import pytest
@@ -84,3 +85,24 @@ def test_the_module_level_manager_follows_settings(settings, servers):
         assert len(kept.nodes) == 5
         lock_manager.acquire("follows").release()
     assert len(lock_manager.nodes) == 5
+
+
+@pytest.mark.parametrize(
+    ("url", "meant"),
+    [
+        ("redis//127.0.0.1:7903", "redis://127.0.0.1:7903"),
+        ("rediss//cache.example.com:6380/1", "rediss://cache.example.com:6380/1"),
+        ("redis:/127.0.0.1:7903", "redis://127.0.0.1:7903"),
+        ("redis:///127.0.0.1:7903/2", "redis://127.0.0.1:7903/2"),
+        ("redis//:s3cret-pw@127.0.0.1:7903", "redis://***@127.0.0.1:7903"),
+        ("redis:6379", "redis://redis:6379/0"),
+        ("127.0.0.1:7903", "redis://127.0.0.1:7903/0"),
+    ],
+)
+def test_a_mistyped_scheme_gets_the_url_it_probably_meant(settings, url, meant):
+    settings.REDLOCK_NODES = [url]
+    messages = [m.msg for m in check_settings() if m.id == Codes.SETTINGS]
+    assert len(messages) == 1 and messages[0].endswith(f"did you mean {meant!r}?"), messages
+    assert "s3cret-pw" not in messages[0]
+    with pytest.raises(ImproperlyConfigured, match=re.escape(f"did you mean {meant!r}?")):
+        get_lock_manager()

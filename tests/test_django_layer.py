@@ -39,7 +39,7 @@ def test_missing_setting_is_a_clear_error(settings):
 def test_bad_engine_option_names_the_setting(settings, servers):
     settings.REDLOCK_NODES = servers.urls
     settings.REDLOCK = {"RETRY_COUNT": -2}
-    with pytest.raises(ImproperlyConfigured, match="retry_count"):
+    with pytest.raises(ImproperlyConfigured, match=r"REDLOCK\['RETRY_COUNT'\] must be a whole number >= 0; got -2"):
         get_lock_manager()
 
 

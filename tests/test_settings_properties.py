@@ -28,8 +28,35 @@ def test_redlock_dict_is_accepted_or_refused_by_name(settings, redlock):
         assert any(repr(k) in text or f"['{k}']" in text for k in redlock), text
     else:
         assert set(config) == set(conf.DEFAULTS)
-        for key in conf.NUMBERS:
-            assert config[key] >= 0
+        for key in ("TTL", "NODE_TIMEOUT", "MAX_TTL", "COMMAND_TTL"):
+            assert config[key] > 0
+
+
+SETTING_VALUES = st.one_of(
+    VALUES, st.floats(0, 1), st.floats(0.01, 200), st.integers(0, 200), st.sampled_from(["web", "", "redlock:"])
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(redlock=st.dictionaries(st.sampled_from(sorted(set(conf.DEFAULTS) - {"LOCKED_RESPONSE"})), SETTING_VALUES))
+def test_check_and_first_lock_agree(settings, redlock):
+    """What ``check`` passes builds a manager; what the first lock would refuse, ``check`` refuses."""
+    from django_redlock import get_lock_manager
+    from django_redlock.checks import Codes, check_settings
+
+    settings.REDLOCK_NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.2:1/0", "redis://127.0.0.3:1/0"]
+    settings.REDLOCK = redlock
+    errors = [m for m in check_settings() if m.is_serious()]
+    assert {m.id for m in errors} <= {Codes.OPTIONS, Codes.MAX_TTL}
+    try:
+        get_lock_manager()
+    except ImproperlyConfigured as exc:
+        assert errors, f"check passed {redlock!r}, the first lock raised {exc}"
+        for message in errors:
+            if message.id == Codes.OPTIONS:
+                assert message.msg in str(exc)  # the same rule, in the same words
+    else:
+        assert not [m for m in errors if m.id == Codes.OPTIONS], f"check refused {redlock!r}, which the engine takes"
 
 
 SCHEMES = st.sampled_from(["redis://", "rediss://", "unix://", "http://", "", "redis:"])

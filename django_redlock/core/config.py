@@ -8,7 +8,7 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django_redlock.core import clock
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from django_redlock.exceptions import LockNotAcquired
 
 __all__ = [
+    "ARGUMENTS",
     "DEFAULT_MAX_TTL",
     "DRIFT_CONSTANT",
     "MAX_RESOURCES",
@@ -31,13 +32,17 @@ __all__ = [
     "ManagerConfig",
     "Resources",
     "call_hook",
+    "check_arguments",
     "check_count",
+    "check_drift_factor",
+    "check_duration",
     "check_flag",
     "check_keep_alive",
     "check_label",
     "check_resource",
     "check_resources",
     "check_seconds",
+    "check_text",
     "check_ttl",
     "check_wait",
     "ms",
@@ -154,14 +159,14 @@ def check_seconds(value: object, argument: str, *, allow_none: bool = False, all
             return None
         raise ValueError(f"{argument} must be a number of seconds, not None.")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{argument} must be a number of seconds; got {type(value).__name__}.")
-    value = float(value)
-    if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{argument} must be a finite number of seconds; got {value}.")
-    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{argument} must be a number of seconds; got {value!r}.")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{argument} must be a finite number of seconds; got {value!r}.")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
         expected = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{argument} must be {expected} seconds; got {value}.")
-    return value
+        raise ValueError(f"{argument} must be {expected} seconds; got {value!r}.")
+    return seconds
 
 
 def check_count(value: object, argument: str, *, allow_none: bool = False) -> int | None:
@@ -198,20 +203,77 @@ def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> float | N
     return check_seconds(max_hold, "max_hold", allow_none=True)
 
 
-def check_label(label: Any) -> str | None:
+def check_label(label: Any, argument: str = "label") -> str | None:
     if label is not None and not isinstance(label, str):
-        raise ValueError(f"label must be a string or None; got {type(label).__name__}.")
+        raise ValueError(f"{argument} must be a string or None; got {label!r}.")
     return label
 
 
-def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
-    if ttl is None:
-        return default
-    value = check_seconds(ttl, argument)
-    assert value is not None
-    if value < 0.01:
-        raise ValueError(f"{argument} must be at least 0.01 seconds (10 ms); got {value}.")
+def check_text(value: Any, argument: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{argument} must be a string; got {value!r}.")
     return value
+
+
+def check_duration(value: Any, argument: str = "ttl") -> float:
+    """A ttl: a number of seconds, at least 10 ms."""
+    seconds = check_seconds(value, argument)
+    if seconds < 0.01:
+        raise ValueError(f"{argument} must be at least 0.01 seconds (10 ms); got {value!r}.")
+    return seconds
+
+
+def check_ttl(ttl: Any, default: float, argument: str = "ttl") -> float:
+    """A lock's ttl, ``default`` when None."""
+    return default if ttl is None else check_duration(ttl, argument)
+
+
+def check_drift_factor(value: Any, argument: str = "clock_drift_factor") -> float:
+    """The clock drift allowance, a fraction of the ttl."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{argument} must be a finite number >= 0 (a fraction of the ttl); got {value!r}.")
+    if value >= 0.5:
+        raise ValueError(f"{argument} must be below 0.5 (a fraction of the ttl); got {value!r}.")
+    return float(value)
+
+
+def _seconds(allow_none: bool = False, allow_zero: bool = False) -> Callable[[Any, str], float | None]:
+    return lambda value, argument: check_seconds(value, argument, allow_none=allow_none, allow_zero=allow_zero)
+
+
+def _count(value: Any, argument: str) -> int | None:
+    return check_count(value, argument, allow_none=True)
+
+
+#: The rule for each of a manager's settings, by keyword: ``check(value, name)`` returns the value to
+#: use, or raises ValueError saying what ``name`` (the keyword, or the setting it came from) expects.
+#: Settings read elsewhere (Django's ``REDLOCK``) are checked by these, so both refuse the same values.
+ARGUMENTS: dict[str, Callable[[Any, str], Any]] = {
+    "ttl": check_duration,
+    "retry_count": _count,
+    "retry_delay": _seconds(allow_zero=True),
+    "retry_jitter": _seconds(allow_zero=True),
+    "clock_drift_factor": check_drift_factor,
+    "node_timeout": _seconds(),
+    "key_prefix": check_text,
+    "max_extensions": _count,
+    "label": check_label,
+    "restart_window": _seconds(allow_none=True, allow_zero=True),
+    "max_ttl": check_duration,
+}
+
+
+def check_arguments(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Check each of ``values`` (keyword -> value) by its rule in :data:`ARGUMENTS`, naming it as ``names``
+    says (default: the keyword). Returns the checked values and one message per refused value."""
+    checked: dict[str, Any] = {}
+    problems: list[str] = []
+    for keyword, value in values.items():
+        try:
+            checked[keyword] = ARGUMENTS[keyword](value, (names or {}).get(keyword, keyword))
+        except ValueError as exc:
+            problems.append(str(exc))
+    return checked, problems
 
 
 class ManagerConfig:
@@ -233,17 +295,29 @@ class ManagerConfig:
         restart_window: float | None = None,
         max_ttl: float = DEFAULT_MAX_TTL,
     ) -> None:
-        self.max_ttl = check_ttl(max_ttl, DEFAULT_MAX_TTL, "max_ttl")
-        self.ttl = self.lock_ttl(ttl, 30.0)
-        self.retry_count = check_count(retry_count, "retry_count", allow_none=True)
-        self.retry_delay = check_seconds(retry_delay, "retry_delay", allow_zero=True)
-        self.retry_jitter = check_seconds(retry_jitter, "retry_jitter", allow_zero=True)
-        drift = check_seconds(clock_drift_factor, "clock_drift_factor", allow_zero=True)
-        assert drift is not None
-        if drift >= 0.5:
-            raise ValueError(f"clock_drift_factor must be below 0.5 (a fraction of the ttl); got {drift}.")
-        self.clock_drift_factor = drift
-        window = check_seconds(restart_window, "restart_window", allow_none=True, allow_zero=True)
+        given = {
+            "ttl": ttl,
+            "retry_count": retry_count,
+            "retry_delay": retry_delay,
+            "retry_jitter": retry_jitter,
+            "clock_drift_factor": clock_drift_factor,
+            "node_timeout": node_timeout,
+            "key_prefix": key_prefix,
+            "max_extensions": max_extensions,
+            "label": label,
+            "restart_window": restart_window,
+            "max_ttl": max_ttl,
+        }
+        checked, problems = check_arguments(given)
+        if problems:
+            raise ValueError(" ".join(problems))
+        self.max_ttl: float = checked["max_ttl"]
+        self.ttl = self.lock_ttl(checked["ttl"], 30.0)
+        self.retry_count: int | None = checked["retry_count"]
+        self.retry_delay: float = checked["retry_delay"]
+        self.retry_jitter: float = checked["retry_jitter"]
+        self.clock_drift_factor: float = checked["clock_drift_factor"]
+        window = checked["restart_window"]
         if window is None:
             window = self.max_ttl + self.drift(self.max_ttl)
         elif 0 < window < self.max_ttl:
@@ -260,14 +334,10 @@ class ManagerConfig:
         self.wall_us: Callable[[], int] = wall_us
         #: Makes the holder of each attempt (the simulator makes them from its seed).
         self.make_holder: Callable[[str | None], Holder] = new_holder
-        timeout = check_seconds(node_timeout, "node_timeout")
-        assert timeout is not None
-        self.node_timeout = timeout
-        if not isinstance(key_prefix, str):
-            raise ValueError(f"key_prefix must be a string; got {type(key_prefix).__name__}.")
-        self.key_prefix = key_prefix
-        self.max_extensions = check_count(max_extensions, "max_extensions", allow_none=True)
-        self.label = check_label(label)
+        self.node_timeout: float = checked["node_timeout"]
+        self.key_prefix: str = checked["key_prefix"]
+        self.max_extensions: int | None = checked["max_extensions"]
+        self.label: str | None = checked["label"]
         if hooks is not None and not isinstance(hooks, Hooks):
             raise ValueError("hooks must be an instance of django_redlock.core.Hooks.")
         self.hooks = hooks

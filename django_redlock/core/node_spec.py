@@ -11,6 +11,7 @@ it (the sync :class:`~django_redlock.core.nodes.Node`, the asyncio
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -79,11 +80,33 @@ def _display_url(url: str) -> str:
     return f"{parts.scheme}://{rest}"
 
 
+def _hide(text: str) -> str:
+    """``text`` with any credentials (up to the last ``@``) hidden."""
+    return "***@" + text.rsplit("@", 1)[1] if "@" in text else text
+
+
+_SCHEME_START = re.compile(r"(rediss?|unix)(:?)(/*)(.*)", re.DOTALL)
+
+
+def _meant(url: str) -> str | None:
+    """The URL a node URL without a usable scheme probably meant (credentials hidden), None: no guess."""
+    found = _SCHEME_START.fullmatch(url)
+    if found:
+        scheme, colon, slashes, rest = found.groups()
+        host_named_like_scheme = colon and not slashes and rest.isdigit()  # 'redis:6379': host redis, port 6379
+        if (colon or slashes) and not host_named_like_scheme:
+            if not rest or (colon, slashes) == (":", "//"):
+                return None
+            return f"{scheme}:///{_hide(rest)}" if scheme == "unix" else f"{scheme}://{_hide(rest)}"
+    bare = _hide(url)
+    return f"redis://{bare}" + ("" if "/" in bare else "/0")
+
+
 def _check_url(url: str, where: str) -> None:
     if "://" not in url and not url.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)):
-        bare = "***@" + url.rsplit("@", 1)[1] if "@" in url else url
-        meant = f"redis://{bare}" + ("" if "/" in bare else "/0")
-        raise ValueError(f"{where}: {bare!r} has no scheme; did you mean {meant!r}?")
+        meant = _meant(url)
+        guess = f"; did you mean {meant!r}?" if meant else "; expected redis://host:port/db, rediss:// or unix://."
+        raise ValueError(f"{where}: {_hide(url)!r} has no scheme{guess}")
     shown = _display_url(url)
     try:
         parts = urlsplit(url)
@@ -98,7 +121,10 @@ def _check_url(url: str, where: str) -> None:
         if not parts.path:
             raise ValueError(f"{where}: unix:// URL {shown!r} has no socket path.")
     elif not parts.hostname:
-        raise ValueError(f"{where}: Redis URL {shown!r} has no host.")
+        meant = _meant(url) if not parts.netloc else None
+        if meant is None:
+            raise ValueError(f"{where}: Redis URL {shown!r} has no host.")
+        raise ValueError(f"{where}: Redis URL {_hide(url)!r} has no host; did you mean {meant!r}?")
     del port
 
 
