@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from io import StringIO
 
 import pytest
@@ -194,3 +197,60 @@ def test_list_output_is_pinned_to_the_byte(servers):
     manager.acquire("timed", ttl=20, label="x")  # ttls that are not whole seconds
     records = manager.lock_listing().records
     assert listing_json(records, manager.nodes) == expected_json(records)
+
+
+# -- Django's global options, after the subcommand as before it ------------------------------
+
+
+def manage_py(servers, *argv):
+    """``manage.py *argv`` from the shell (DJANGO_SETTINGS_MODULE names the suite's settings)."""
+    from tests.test_command_decorator import ROOT
+
+    environ = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings")
+    return subprocess.run(
+        [sys.executable, "-m", "django", *argv], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_settings_and_pythonpath_switch_settings_after_the_subcommand(servers, tmp_path, before):
+    """``--settings`` really loads the other module: its three nodes, not the five of tests.settings."""
+    (tmp_path / "other_settings.py").write_text(
+        "from tests.settings import *  # noqa\n"
+        f"REDLOCK_NODES = {servers.urls[:3]!r}\n"
+    )
+    options = ["--settings=other_settings", "--pythonpath", str(tmp_path)]
+    argv = ["redlock", *options, "status", "--json"] if before else ["redlock", "status", "--json", *options]
+    done = manage_py(servers, *argv)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["voting"] == 3 and "unrecognized arguments" not in done.stderr
+    done = manage_py(servers, "redlock", "status", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["voting"] == 5, done.stderr
+
+
+@pytest.mark.parametrize("subcommand", [["list"], ["release", "x"], ["status"]])
+def test_every_global_option_after_each_subcommand(subcommand):
+    from django_redlock.management.commands.redlock import Command
+
+    parser = Command().create_parser("manage.py", "redlock")
+    flags = ["--traceback", "--no-color", "--force-color", "--skip-checks"]
+    options = vars(parser.parse_args([*subcommand, "-v", "2", "--settings", "a.b", "--pythonpath", "/p", *flags]))
+    assert options["verbosity"] == 2 and options["settings"] == "a.b" and options["pythonpath"] == "/p"
+    assert all(options[flag[2:].replace("-", "_")] is True for flag in flags)
+    # Given before the subcommand, not repeated after it: the value stays; the defaults are Django's.
+    options = vars(parser.parse_args(["--verbosity", "3", "--traceback", *subcommand]))
+    assert options["verbosity"] == 3 and options["traceback"] is True and options["no_color"] is False
+    options = vars(parser.parse_args(["-v", "0", *subcommand, "-v", "2"]))
+    assert options["verbosity"] == 2  # the later one, as argparse does for any option
+    options = vars(parser.parse_args(subcommand))
+    assert options["verbosity"] == 1 and options["settings"] is None and options["skip_checks"] is False
+
+
+
+def test_color_options_after_the_subcommand(servers):
+    forced = manage_py(servers, "redlock", "status", "--force-color")
+    assert forced.returncode == 0 and "\x1b[" in forced.stdout, forced.stderr
+    plain = manage_py(servers, "redlock", "status", "--no-color", "--traceback", "-v", "2")
+    assert plain.returncode == 0 and "\x1b[" not in plain.stdout + plain.stderr and "5 of 5" in plain.stdout
+    both = manage_py(servers, "redlock", "status", "--no-color", "--force-color")
+    assert both.returncode == 1 and "can't be used together" in both.stderr

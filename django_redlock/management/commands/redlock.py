@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -12,6 +13,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.core.records import STATE_WORDS, same_everywhere, seconds
 from django_redlock.exceptions import LockError
+
+#: Django's own options, taken after the subcommand too (``redlock status --settings=...``).
+GLOBAL_OPTIONS = ("verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks")
 
 
 class Command(BaseCommand):
@@ -29,6 +33,8 @@ class Command(BaseCommand):
         status = sub.add_parser("status", help="Each node's reachability, role, latency and run id.")
         status.add_argument("--json", action="store_true", help="Machine-readable output.")
         status.add_argument("--timeout", type=float, default=1.0, help="Seconds to wait for each node (default 1).")
+        for subparser in (listing, release, status):
+            accept_global_options(parser, subparser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_redlock.manager import get_lock_manager
@@ -147,6 +153,21 @@ class Command(BaseCommand):
         if not s.votes:
             line += self.style.WARNING(f"  does not vote: {s.not_voting_reason}")
         return line
+
+
+def accept_global_options(parser: CommandParser, subparser: argparse.ArgumentParser) -> None:
+    """Let ``subparser`` take Django's global options as well (its own value wins over one given before it)."""
+    for action in parser._actions:
+        if action.dest not in GLOBAL_OPTIONS:
+            continue
+        # SUPPRESS: an option not given after the subcommand leaves the value given before it, or Django's default.
+        how: dict[str, Any] = {"dest": action.dest, "default": argparse.SUPPRESS, "help": action.help}
+        if action.nargs == 0:  # a flag
+            subparser.add_argument(*action.option_strings, action="store_true", **how)
+        else:
+            if action.type is not None:
+                how["type"] = action.type
+            subparser.add_argument(*action.option_strings, choices=action.choices, metavar=action.metavar, **how)
 
 
 def listing_json(records: Sequence[Any], nodes: Sequence[str]) -> str:
