@@ -8,7 +8,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,6 +26,18 @@ _F = TypeVar("_F", bound=Callable[..., Any])  # a command class or its handle()
 
 SKIP, WAIT, FAIL = "skip", "wait", "fail"
 
+
+class _How(NamedTuple):
+    """The decorator's arguments."""
+
+    key: Any
+    ttl: float | None
+    when_locked: str
+    wait_timeout: float | None
+    stop_on_lost: bool
+    label: str | None
+
+
 #: Exit codes of a command decorated with :func:`redlock_command` (0: done, or skipped because held).
 EXIT_LOCKED = 1  # held by another host, with --lock-fail or after --lock-wait
 EXIT_LOST = 3  # the lock was lost while the command ran; the command was stopped
@@ -40,6 +52,7 @@ def redlock_command(
     when_locked: str = SKIP,
     wait_timeout: float | None = None,
     stop_on_lost: bool = True,
+    label: str | None = None,
 ) -> Callable[[_F], _F]:
     """Let a management command run on one host at a time (cron on many hosts).
 
@@ -60,22 +73,26 @@ def redlock_command(
     event set on a loss). SIGTERM and SIGINT stop the command, the lock is
     released and the process exits 128 + the signal number. The command gains
     ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    The lock's holder label (shown by ``redlock list`` and the admin) is
+    ``label``, by default ``command:<name>``.
     """
     if when_locked not in (SKIP, WAIT, FAIL):
         raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
+    base.check_label(label)
+    how = _How(key, ttl, when_locked, wait_timeout, stop_on_lost, label)
 
     def decorate(target: _F) -> _F:
         if inspect.isclass(target):
-            _wrap_command_class(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+            _wrap_command_class(target, how)
             return target
-        return cast("_F", _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost))
+        return cast("_F", _wrap_handle(target, how))
 
     return decorate
 
 
-def _wrap_command_class(cls: Any, key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> None:
+def _wrap_command_class(cls: Any, how: _How) -> None:
     original_add_arguments = cls.add_arguments
 
     def add_arguments(self: Any, parser: Any) -> None:
@@ -96,7 +113,7 @@ def _wrap_command_class(cls: Any, key: Any, ttl: Any, when_locked: str, wait_tim
         )
 
     cls.add_arguments = add_arguments
-    cls.handle = _wrap_handle(cls.handle, key, ttl, when_locked, wait_timeout, stop)
+    cls.handle = _wrap_handle(cls.handle, how)
 
 
 def _command_name(command: Any) -> str:
@@ -104,21 +121,23 @@ def _command_name(command: Any) -> str:
     return module.rsplit(".", 1)[-1] if ".management.commands." in module else type(command).__name__.lower()
 
 
+def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
+    key, stop = how.key, how.stop_on_lost
 
-def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> Any:
     @functools.wraps(handle)
     def wrapped(self: Any, *args: Any, **options: Any) -> Any:
         from django.core.management.base import CommandError
 
         from django_redlock.manager import get_lock_manager
 
+        name = _command_name(self)
         resource = (
-            Key(key, None).format((), dict(options), {"command": self, "name": _command_name(self)})
+            Key(key, None).format((), dict(options), {"command": self, "name": name})
             if key is not None
-            else f"command:{_command_name(self)}"
+            else f"command:{name}"
         )
-        lock_ttl = options.get("lock_ttl") or ttl or conf.get_config()["COMMAND_TTL"]
-        mode, timeout = when_locked, wait_timeout
+        lock_ttl = options.get("lock_ttl") or how.ttl or conf.get_config()["COMMAND_TTL"]
+        mode, timeout = how.when_locked, how.wait_timeout
         if options.get("lock_wait") is not None:
             mode, timeout = WAIT, options["lock_wait"]
         if options.get("lock_fail"):
@@ -147,6 +166,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             timeout=(timeout if timeout is not None else 3600.0) if waits else None,
             auto_extend=True,
             on_lost=on_lost,
+            label=how.label if how.label is not None else f"command:{name}",
         )
         try:
             lock = hold.__enter__()
@@ -175,7 +195,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             finally:
                 guard.restore()
         if loss is not None:  # also a loss the release itself found (taken over, expired)
-            logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
+            logger.error("Command %s: its lock %r was lost (%s).", name, resource, lock.lost_reason)
             what = "Stopped: the lock" if guard.sent else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from failure
         if guard.signum is not None:
