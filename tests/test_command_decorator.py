@@ -15,6 +15,7 @@ import redis
 from django.core.management import BaseCommand, CommandError, call_command
 
 from django_redlock import get_lock_manager, redlock_command
+from django_redlock.exit_codes import ExitCode
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,11 +92,11 @@ def test_in_process_options():
     assert err.getvalue().startswith("Skipped")
     with pytest.raises(CommandError) as info:
         call_command("nightly", lock_fail=True, stdout=StringIO(), stderr=StringIO())
-    assert info.value.returncode == 1
+    assert info.value.returncode == ExitCode.LOCKED
     started = time.monotonic()
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError) as info:
         call_command("nightly", lock_wait=0.3, stdout=StringIO(), stderr=StringIO())
-    assert 0.2 < time.monotonic() - started < 2
+    assert 0.2 < time.monotonic() - started < 2 and info.value.returncode == ExitCode.LOCKED
     lock.release()
     out = StringIO()
     call_command("nightly", lock_wait=1, lock_ttl=2, stdout=out)
@@ -140,6 +141,7 @@ def test_a_command_waiting_in_line_inside_manager_lock_stops(servers, tmp_path, 
             proc.kill()
             proc.communicate()
         held.release()
+
 
 
 def listed_while_running(decorator, view=None):

@@ -6,19 +6,23 @@ import functools
 import inspect
 import logging
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
 
 from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.adapters.keys import Key, KeySpec
 from django_redlock.adapters.stop import Guard
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
+from django_redlock.exit_codes import ExitCode
 
-__all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "redlock_command"]
+__all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "ExitCode", "keep_exit_code", "redlock_command"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -38,11 +42,21 @@ class _How(NamedTuple):
     label: str | None
 
 
-#: Exit codes of a command decorated with :func:`redlock_command` (0: done, or skipped because held).
-EXIT_LOCKED = 1  # held by another host, with --lock-fail or after --lock-wait
-EXIT_LOST = 3  # the lock was lost while the command ran; the command was stopped
-EXIT_NODES_UNAVAILABLE = 4  # too few lock nodes answered: nobody can hold the lock
+#: Names of :class:`~django_redlock.exit_codes.ExitCode` members, kept for imports that use them.
+EXIT_LOCKED = ExitCode.LOCKED  # held by another host, with --lock-fail or after --lock-wait
+EXIT_LOST = ExitCode.LOST  # the lock was lost while the command ran; the command was stopped
+EXIT_NODES_UNAVAILABLE = ExitCode.NO_QUORUM  # too few lock nodes answered: nobody can hold the lock
 # A signal N (SIGTERM, SIGINT) stops the command with 128 + N, after the lock is released.
+
+
+def keep_exit_code(run_from_argv: Callable[[list[str]], None], argv: list[str]) -> None:
+    """Run a command from the command line and exit with its ``CommandError``'s code also under
+    ``--traceback`` (Django then lets the error go on, and Python exits 1)."""
+    try:
+        run_from_argv(argv)
+    except CommandError as error:  # only with --traceback: otherwise Django has exited already
+        traceback.print_exc()
+        sys.exit(error.returncode)
 
 
 def redlock_command(
@@ -60,8 +74,8 @@ def redlock_command(
     defaults to ``command:<name>``; a watchdog thread extends it while the
     command runs, so a short ttl (``REDLOCK['COMMAND_TTL']``, 60 s) covers
     hours of work. When the lock is held: ``when_locked="skip"`` exits 0 with a
-    one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``),
-    ``"fail"`` exits 1. When too few nodes answer
+    one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``, then
+    exits 5), ``"fail"`` exits 5 (``ExitCode.LOCKED``). When too few nodes answer
     (:class:`~django_redlock.exceptions.QuorumUnavailable`) the command does
     not run and exits 4 in every mode: that is an outage, not a skip. If the
     lock is lost while the command runs, it is logged, ``lock_lost`` is sent
@@ -94,6 +108,7 @@ def redlock_command(
 
 def _wrap_command_class(cls: Any, how: _How) -> None:
     original_add_arguments = cls.add_arguments
+    original_run_from_argv = cls.run_from_argv
 
     def add_arguments(self: Any, parser: Any) -> None:
         original_add_arguments(self, parser)
@@ -106,13 +121,19 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
             help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
         )
         group.add_argument(
-            "--lock-fail", action="store_true", help="If another host holds the lock, exit with status 1."
+            "--lock-fail",
+            action="store_true",
+            help=f"If another host holds the lock, exit with status {int(ExitCode.LOCKED)}.",
         )
         group.add_argument(
             "--lock-ttl", type=float, metavar="SECONDS", default=None, help="The lock's ttl (kept alive while running)."
         )
 
+    def run_from_argv(self: Any, argv: list[str]) -> None:
+        keep_exit_code(functools.partial(original_run_from_argv, self), argv)
+
     cls.add_arguments = add_arguments
+    cls.run_from_argv = run_from_argv
     cls.handle = _wrap_handle(cls.handle, how)
 
 
@@ -126,8 +147,6 @@ def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
 
     @functools.wraps(handle)
     def wrapped(self: Any, *args: Any, **options: Any) -> Any:
-        from django.core.management.base import CommandError
-
         from django_redlock.manager import get_lock_manager
 
         name = _command_name(self)
