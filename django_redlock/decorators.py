@@ -15,11 +15,13 @@ from django_redlock.adapters.answers import (
 from django_redlock.adapters.commands import EXIT_LOCKED, EXIT_LOST, EXIT_NODES_UNAVAILABLE, redlock_command
 from django_redlock.adapters.keys import Key, Keys, KeySpec, KeysSpec, find_request
 from django_redlock.adapters.views import RedlockMixin, redlock
+from django_redlock.exit_codes import ExitCode
 
 __all__ = [
     "EXIT_LOCKED",
     "EXIT_LOST",
     "EXIT_NODES_UNAVAILABLE",
+    "ExitCode",
     "LOCKED_DETAIL",
     "LOST_DETAIL",
     "UNAVAILABLE_DETAIL",

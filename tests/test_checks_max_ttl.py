@@ -83,13 +83,14 @@ def test_status_sits_out_for_the_engines_window(settings):
 
     from django_redlock import get_lock_manager
     from django_redlock.core import LockManager
+    from django_redlock.exit_codes import ExitCode
 
     settings.REDLOCK = {"NODE_TIMEOUT": 0.05, "RETRY_COUNT": 0, "MAX_TTL": 45}  # no RESTART_WINDOW: it follows MAX_TTL
     out = StringIO()
     try:
         call_command("redlock", "status", "--json", stdout=out, stderr=StringIO())
     except CommandError as exc:
-        assert exc.returncode == 2  # every node young enough to sit out
+        assert exc.returncode in (ExitCode.NO_QUORUM, ExitCode.DEGRADED)  # nodes young enough sit out
     window = get_lock_manager().config.restart_window
     if "max_ttl" in inspect.signature(LockManager).parameters:
         assert window >= 45

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,9 +12,10 @@ from io import StringIO
 
 import pytest
 import redis
-from django.core.management import CommandError, call_command
+from django.core.management import BaseCommand, CommandError, call_command
 
-from django_redlock import get_lock_manager
+from django_redlock import get_lock_manager, redlock_command
+from django_redlock.exit_codes import ExitCode
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,11 +92,11 @@ def test_in_process_options():
     assert err.getvalue().startswith("Skipped")
     with pytest.raises(CommandError) as info:
         call_command("nightly", lock_fail=True, stdout=StringIO(), stderr=StringIO())
-    assert info.value.returncode == 1
+    assert info.value.returncode == ExitCode.LOCKED
     started = time.monotonic()
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError) as info:
         call_command("nightly", lock_wait=0.3, stdout=StringIO(), stderr=StringIO())
-    assert 0.2 < time.monotonic() - started < 2
+    assert 0.2 < time.monotonic() - started < 2 and info.value.returncode == ExitCode.LOCKED
     lock.release()
     out = StringIO()
     call_command("nightly", lock_wait=1, lock_ttl=2, stdout=out)
@@ -139,3 +141,58 @@ def test_a_command_waiting_in_line_inside_manager_lock_stops(servers, tmp_path, 
             proc.kill()
             proc.communicate()
         held.release()
+
+
+
+def listed_while_running(decorator, view=None):
+    """Run a command decorated with ``decorator``; inside its handle(), read ``redlock list`` (JSON and
+    text) and, given a test client, the admin's list of locks."""
+    seen = {}
+
+    @decorator
+    class Reindex(BaseCommand):
+        def handle(self, *args, **options):
+            out = StringIO()
+            call_command("redlock", "list", "--json", stdout=out)
+            seen["json"] = {r["resource"]: r["holder"]["label"] for r in json.loads(out.getvalue())}
+            out = StringIO()
+            call_command("redlock", "list", stdout=out)
+            seen["text"] = out.getvalue()
+            seen["lock"] = self.redlock.holder.label
+            if view is not None:
+                seen["admin"] = view()
+
+    call_command(Reindex(), stdout=StringIO(), stderr=StringIO())
+    return seen
+
+
+@pytest.mark.django_db
+def test_a_command_lock_is_labelled_with_the_command_name(admin_client):
+    from django.urls import reverse
+
+    def admin_page():
+        response = admin_client.get(reverse("admin:django_redlock_lock_changelist"))
+        assert response.status_code == 200
+        return response.content.decode()
+
+    seen = listed_while_running(redlock_command(ttl=5), admin_page)
+    assert seen["json"] == {"command:reindex": "command:reindex"} and seen["lock"] == "command:reindex"
+    row = next(line for line in seen["text"].splitlines() if line.startswith("command:reindex "))
+    assert row.endswith(f":{os.getpid()} (command:reindex)")
+    assert "(command:reindex)" in seen["admin"]  # the holder's label, after host:pid
+
+
+def test_a_command_lock_with_its_own_key_is_labelled_with_the_command_name(settings):
+    settings.REDLOCK = {**settings.REDLOCK, "LABEL": "web"}  # the command's label goes before the default
+    seen = listed_while_running(redlock_command("reindex-{name}", ttl=5))
+    assert seen["json"] == {"reindex-reindex": "command:reindex"}
+
+
+def test_an_explicit_label_is_kept():
+    seen = listed_while_running(redlock_command(ttl=5, label="nightly reindex"))
+    assert seen["json"] == {"command:reindex": "nightly reindex"} and seen["lock"] == "nightly reindex"
+
+
+def test_a_label_that_is_not_text_is_refused():
+    with pytest.raises(ValueError, match="label must be a string"):
+        redlock_command(label=5)

@@ -10,6 +10,7 @@ from django.core.management import CommandError, call_command
 
 from django_redlock.checks import Codes, check_nodes, check_settings
 from django_redlock.core import LockManager
+from django_redlock.exit_codes import ExitCode
 from django_redlock.testing import RedisServer
 
 PASSWORD = "Acl-Secret-42x"
@@ -56,19 +57,25 @@ def test_fsync_always_must_be_a_bool(settings, servers):
     assert [m.id for m in messages] == [Codes.SETTINGS] and "FSYNC_ALWAYS" in messages[0].msg
 
 
-def run(*args):
+def run(*args, ending=0):
+    """``redlock *args``: stdout and stderr, once it has ended with the exit code ``ending``."""
     out, err = StringIO(), StringIO()
-    call_command("redlock", *args, stdout=out, stderr=err)
+    try:
+        call_command("redlock", *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        assert exc.returncode == ending, exc
+    else:
+        assert ending == 0
     return out.getvalue(), err.getvalue()
 
 
 def test_status_says_it_does_not_vote_and_why(settings, servers, denied_url):
     settings.REDLOCK_NODES = [*servers.urls[:4], denied_url]
-    out, err = run("status")
+    out, err = run("status", ending=ExitCode.DEGRADED)  # 4 of 5 vote
     line = next(line for line in out.splitlines() if f":{denied_url.rsplit(':', 1)[1]}" in line)
     assert "does not vote" in line and "INFO" in line
     assert "4 of 5 nodes can vote; quorum is 3." in out
-    data = json.loads(run("status", "--json")[0])
+    data = json.loads(run("status", "--json", ending=ExitCode.DEGRADED)[0])
     node = data["nodes"][4]
     assert data["voting"] == 4
     assert node["reachable"] is True and node["votes"] is False and "INFO" in node["not_voting_reason"]
@@ -78,8 +85,8 @@ def test_status_says_it_does_not_vote_and_why(settings, servers, denied_url):
 def test_status_no_quorum_when_denied_nodes_are_the_majority(settings, servers, denied_url):
     settings.REDLOCK_NODES = [servers.urls[0], denied_url, denied_url.replace("/0", "/1")]
     with pytest.raises(CommandError) as info:
-        run("status")
-    assert info.value.returncode == 2 and PASSWORD not in str(info.value)
+        call_command("redlock", "status", stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == ExitCode.NO_QUORUM and PASSWORD not in str(info.value)
 
 
 def test_status_counts_a_declared_node_as_voting(settings, servers, denied_url):

@@ -441,6 +441,8 @@ async def test_async_nodes_sitting_out_after_a_restart_cannot_tell_a_held_lock_f
 
 @pytest.mark.usefixtures("redlock_settings")
 def test_redlock_list_says_unknown_when_fewer_than_a_quorum_answered(servers, settings):
+    from django_redlock.exit_codes import ExitCode
+
     settings.REDLOCK_NODES = servers.urls[:3]
     get_lock_manager().acquire("held-everywhere", ttl=30)
     servers[1].kill()
@@ -449,7 +451,7 @@ def test_redlock_list_says_unknown_when_fewer_than_a_quorum_answered(servers, se
         out, err = StringIO(), StringIO()
         with pytest.raises(CommandError) as failed:
             call_command("redlock", "list", *args, stdout=out, stderr=err)
-        assert failed.value.returncode == 2 and "Only 1 of 3 nodes answered" in str(failed.value)
+        assert failed.value.returncode == ExitCode.NO_QUORUM and "Only 1 of 3 nodes answered" in str(failed.value)
         if args:
             assert [lock["state"] for lock in json.loads(out.getvalue())] == ["unknown"]
         else:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from io import StringIO
 
 import pytest
@@ -11,6 +14,7 @@ from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
 from django_redlock.core.records import Holder
+from django_redlock.exit_codes import ExitCode
 from django_redlock.management.commands.redlock import listing_json
 from tests.conftest import eventually
 
@@ -21,6 +25,15 @@ def run(*args):
     out, err = StringIO(), StringIO()
     call_command("redlock", *args, stdout=out, stderr=err)
     return out.getvalue(), err.getvalue()
+
+
+def run_ending(code, *args):
+    """``run()`` of a command that ends with ``code``: its stdout, stderr and the error's message."""
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError) as info:
+        call_command("redlock", *args, stdout=out, stderr=err)
+    assert info.value.returncode == code, info.value
+    return out.getvalue(), err.getvalue(), str(info.value)
 
 
 def test_list_and_release(servers):
@@ -36,14 +49,15 @@ def test_list_and_release(servers):
     out, _ = run("release", "orders-1")
     assert "Released 'orders-1' on 5 of 5 nodes" in out
     assert not manager.is_locked("orders-1")
-    assert "No node held" in run("release", "orders-1")[0]
+    out, _, message = run_ending(ExitCode.NOT_HELD, "release", "orders-1")
+    assert out == "" and message == "Nothing to release: no node held a lock on 'orders-1'."
 
 
 def test_list_with_a_node_down(servers):
     get_lock_manager().acquire("x", ttl=20)
     servers[2].kill()
-    out, err = run("list")
-    assert "4/5" in out and "did not answer" in err
+    out, err, message = run_ending(ExitCode.DEGRADED, "list")
+    assert "4/5" in out and "did not answer" in err and message.startswith("Degraded: 4 of 5 nodes answered")
 
 
 def test_status_exit_codes(servers):
@@ -51,12 +65,13 @@ def test_status_exit_codes(servers):
     assert out.count(" master ") == 5 and "5 of 5 nodes can vote; quorum is 3." in out
     servers[0].kill()
     servers[1].kill()
-    data = json.loads(run("status", "--json")[0])
+    out, _, message = run_ending(ExitCode.DEGRADED, "status", "--json")
+    data = json.loads(out)
     assert data["voting"] == 3 and data["nodes"][0]["reachable"] is False
+    assert message == "Degraded: 3 of 5 nodes can vote; locks work while 3 can."
     servers[2].pause()
-    with pytest.raises(CommandError) as info:
-        run("status", "--timeout", "0.2")
-    assert info.value.returncode == 2 and "No quorum: 2 of 5" in str(info.value)
+    message = run_ending(ExitCode.NO_QUORUM, "status", "--timeout", "0.2")[2]
+    assert "No quorum: 2 of 5" in message
 
 
 def test_status_never_shows_passwords(settings, servers):
@@ -99,45 +114,46 @@ def test_list_never_shows_passwords(settings, servers):
     # Two nodes refuse the password (they have none): named as not answering, without it.
     urls = servers.urls
     settings.REDLOCK_NODES = [u.replace("redis://", "redis://:List-Secret-7@") for u in urls[:2]] + urls[2:]
-    out, err = run("list")
+    out, err, message = run_ending(ExitCode.DEGRADED, "list")
     assert "secret-orders" in out and "3/5" in out and err.count("did not answer") == 2
-    data = run("list", "--json")[0]
-    assert json.loads(data)[0]["down"] and "List-Secret-7" not in out + err + data
+    data = run_ending(ExitCode.DEGRADED, "list", "--json")[0]
+    assert json.loads(data)[0]["down"] and "List-Secret-7" not in out + err + data + message
 
 
 def test_list_names_unreachable_nodes_even_with_no_locks(servers):
     servers[4].kill()
-    out, err = run("list")
+    out, err, _ = run_ending(ExitCode.DEGRADED, "list")
     name = get_lock_manager().nodes[4]
     assert out.strip() == "No live locks." and f"Node {name} did not answer" in err
     for s in servers[:3]:
         s.kill()
-    with pytest.raises(CommandError) as info:
-        run("list")  # "No live locks." from one node of five would be a guess, not an answer
-    assert info.value.returncode == 2 and "Only 1 of 5 nodes answered, 3 needed" in str(info.value)
+    # "No live locks." from one node of five would be a guess, not an answer
+    message = run_ending(ExitCode.NO_QUORUM, "list")[2]
+    assert "Only 1 of 5 nodes answered, 3 needed" in message
 
 
 def test_release_reports_the_nodes_it_could_not_reach(servers):
     get_lock_manager().acquire("orders-77", ttl=20)
     servers[0].kill()
-    out, err = run("release", "orders-77")
-    assert "Released 'orders-77' on 4 of 5 nodes." in out
+    out, err, message = run_ending(ExitCode.DEGRADED, "release", "orders-77")
+    assert "Released 'orders-77' on 4 of 5 nodes." in out and message == "Degraded: 1 of 5 nodes did not answer."
     name = get_lock_manager().nodes[0]
     assert f"Node {name} could not release it" in err and "expires with its ttl" in err
-    data = json.loads(run("release", "orders-77", "--json")[0])
+    out, _, message = run_ending(ExitCode.NOT_HELD, "release", "orders-77", "--json")
+    data = json.loads(out)
     assert data["nodes"] == 0 and list(data["unreachable"]) == [name]
+    assert message == "Nothing to release: no node that answered held a lock on 'orders-77'."
     servers[1].kill()
     servers[2].kill()
-    with pytest.raises(CommandError) as info:
-        run("release", "orders-77")
-    assert info.value.returncode == 2 and "may still be held" in str(info.value)
+    message = run_ending(ExitCode.NO_QUORUM, "release", "orders-77")[2]
+    assert "may still be held" in message
 
 
 def test_status_reports_the_timeout_it_used_and_json_types(servers):
     servers[3].pause()
-    out, _ = run("status", "--timeout", "0.3")
+    out = run_ending(ExitCode.DEGRADED, "status", "--timeout", "0.3")[0]
     assert "no reply within 300 ms" in out
-    data = json.loads(run("status", "--json", "--timeout", "0.3")[0])
+    data = json.loads(run_ending(ExitCode.DEGRADED, "status", "--json", "--timeout", "0.3")[0])
     up = data["nodes"][0]
     assert up["persistence"]["aof_enabled"] in (True, False)
     assert all(isinstance(v, bool) for k, v in up["persistence"].items() if k != "appendfsync")
@@ -181,11 +197,11 @@ def test_list_output_is_pinned_to_the_byte(servers):
             client.zadd("redlock:places:plain", {"p": int(client.time()[0]) * 1000 + 60_000})
     servers[4].kill()
     manager = get_lock_manager()
-    out, err = run("list", "--json")
+    out, err, _ = run_ending(ExitCode.DEGRADED, "list", "--json")
     records = manager.lock_listing().records
     assert [r.resource for r in records] == ["left-over", "plain", "split"] and err.count("did not answer") == 1
     assert out == expected_json(records) + "\n"
-    assert run("list")[0].splitlines() == [
+    assert run_ending(ExitCode.DEGRADED, "list")[0].splitlines() == [
         "RESOURCE   STATE                  NODES       TTL  WAITING  HOLDER",
         "left-over  minority left-over       1/5     -1.0s        0  ?:?",
         "plain      held by a quorum         4/5     -1.0s        1  host:7 (label \u00e9\")",
@@ -194,3 +210,60 @@ def test_list_output_is_pinned_to_the_byte(servers):
     manager.acquire("timed", ttl=20, label="x")  # ttls that are not whole seconds
     records = manager.lock_listing().records
     assert listing_json(records, manager.nodes) == expected_json(records)
+
+
+# -- Django's global options, after the subcommand as before it ------------------------------
+
+
+def manage_py(servers, *argv):
+    """``manage.py *argv`` from the shell (DJANGO_SETTINGS_MODULE names the suite's settings)."""
+    from tests.test_command_decorator import ROOT
+
+    environ = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings")
+    return subprocess.run(
+        [sys.executable, "-m", "django", *argv], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_settings_and_pythonpath_switch_settings_after_the_subcommand(servers, tmp_path, before):
+    """``--settings`` really loads the other module: its three nodes, not the five of tests.settings."""
+    (tmp_path / "other_settings.py").write_text(
+        "from tests.settings import *  # noqa\n"
+        f"REDLOCK_NODES = {servers.urls[:3]!r}\n"
+    )
+    options = ["--settings=other_settings", "--pythonpath", str(tmp_path)]
+    argv = ["redlock", *options, "status", "--json"] if before else ["redlock", "status", "--json", *options]
+    done = manage_py(servers, *argv)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["voting"] == 3 and "unrecognized arguments" not in done.stderr
+    done = manage_py(servers, "redlock", "status", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["voting"] == 5, done.stderr
+
+
+@pytest.mark.parametrize("subcommand", [["list"], ["release", "x"], ["status"]])
+def test_every_global_option_after_each_subcommand(subcommand):
+    from django_redlock.management.commands.redlock import Command
+
+    parser = Command().create_parser("manage.py", "redlock")
+    flags = ["--traceback", "--no-color", "--force-color", "--skip-checks"]
+    options = vars(parser.parse_args([*subcommand, "-v", "2", "--settings", "a.b", "--pythonpath", "/p", *flags]))
+    assert options["verbosity"] == 2 and options["settings"] == "a.b" and options["pythonpath"] == "/p"
+    assert all(options[flag[2:].replace("-", "_")] is True for flag in flags)
+    # Given before the subcommand, not repeated after it: the value stays; the defaults are Django's.
+    options = vars(parser.parse_args(["--verbosity", "3", "--traceback", *subcommand]))
+    assert options["verbosity"] == 3 and options["traceback"] is True and options["no_color"] is False
+    options = vars(parser.parse_args(["-v", "0", *subcommand, "-v", "2"]))
+    assert options["verbosity"] == 2  # the later one, as argparse does for any option
+    options = vars(parser.parse_args(subcommand))
+    assert options["verbosity"] == 1 and options["settings"] is None and options["skip_checks"] is False
+
+
+
+def test_color_options_after_the_subcommand(servers):
+    forced = manage_py(servers, "redlock", "status", "--force-color")
+    assert forced.returncode == 0 and "\x1b[" in forced.stdout, forced.stderr
+    plain = manage_py(servers, "redlock", "status", "--no-color", "--traceback", "-v", "2")
+    assert plain.returncode == 0 and "\x1b[" not in plain.stdout + plain.stderr and "5 of 5" in plain.stdout
+    both = manage_py(servers, "redlock", "status", "--no-color", "--force-color")
+    assert both.returncode == ExitCode.ERROR and "can't be used together" in both.stderr

@@ -6,19 +6,23 @@ import functools
 import inspect
 import logging
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
 
 from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.adapters.keys import Key, KeySpec
 from django_redlock.adapters.stop import Guard
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
+from django_redlock.exit_codes import ExitCode
 
-__all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "redlock_command"]
+__all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "ExitCode", "keep_exit_code", "redlock_command"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -26,11 +30,33 @@ _F = TypeVar("_F", bound=Callable[..., Any])  # a command class or its handle()
 
 SKIP, WAIT, FAIL = "skip", "wait", "fail"
 
-#: Exit codes of a command decorated with :func:`redlock_command` (0: done, or skipped because held).
-EXIT_LOCKED = 1  # held by another host, with --lock-fail or after --lock-wait
-EXIT_LOST = 3  # the lock was lost while the command ran; the command was stopped
-EXIT_NODES_UNAVAILABLE = 4  # too few lock nodes answered: nobody can hold the lock
+
+class _How(NamedTuple):
+    """The decorator's arguments."""
+
+    key: Any
+    ttl: float | None
+    when_locked: str
+    wait_timeout: float | None
+    stop_on_lost: bool
+    label: str | None
+
+
+#: Names of :class:`~django_redlock.exit_codes.ExitCode` members, kept for imports that use them.
+EXIT_LOCKED = ExitCode.LOCKED  # held by another host, with --lock-fail or after --lock-wait
+EXIT_LOST = ExitCode.LOST  # the lock was lost while the command ran; the command was stopped
+EXIT_NODES_UNAVAILABLE = ExitCode.NO_QUORUM  # too few lock nodes answered: nobody can hold the lock
 # A signal N (SIGTERM, SIGINT) stops the command with 128 + N, after the lock is released.
+
+
+def keep_exit_code(run_from_argv: Callable[[list[str]], None], argv: list[str]) -> None:
+    """Run a command from the command line and exit with its ``CommandError``'s code also under
+    ``--traceback`` (Django then lets the error go on, and Python exits 1)."""
+    try:
+        run_from_argv(argv)
+    except CommandError as error:  # only with --traceback: otherwise Django has exited already
+        traceback.print_exc()
+        sys.exit(error.returncode)
 
 
 def redlock_command(
@@ -40,6 +66,7 @@ def redlock_command(
     when_locked: str = SKIP,
     wait_timeout: float | None = None,
     stop_on_lost: bool = True,
+    label: str | None = None,
 ) -> Callable[[_F], _F]:
     """Let a management command run on one host at a time (cron on many hosts).
 
@@ -47,8 +74,8 @@ def redlock_command(
     defaults to ``command:<name>``; a watchdog thread extends it while the
     command runs, so a short ttl (``REDLOCK['COMMAND_TTL']``, 60 s) covers
     hours of work. When the lock is held: ``when_locked="skip"`` exits 0 with a
-    one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``),
-    ``"fail"`` exits 1. When too few nodes answer
+    one-line notice on stderr, ``"wait"`` waits (up to ``wait_timeout``, then
+    exits 5), ``"fail"`` exits 5 (``ExitCode.LOCKED``). When too few nodes answer
     (:class:`~django_redlock.exceptions.QuorumUnavailable`) the command does
     not run and exits 4 in every mode: that is an outage, not a skip. If the
     lock is lost while the command runs, it is logged, ``lock_lost`` is sent
@@ -60,23 +87,28 @@ def redlock_command(
     event set on a loss). SIGTERM and SIGINT stop the command, the lock is
     released and the process exits 128 + the signal number. The command gains
     ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    The lock's holder label (shown by ``redlock list`` and the admin) is
+    ``label``, by default ``command:<name>``.
     """
     if when_locked not in (SKIP, WAIT, FAIL):
         raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
+    base.check_label(label)
+    how = _How(key, ttl, when_locked, wait_timeout, stop_on_lost, label)
 
     def decorate(target: _F) -> _F:
         if inspect.isclass(target):
-            _wrap_command_class(target, key, ttl, when_locked, wait_timeout, stop_on_lost)
+            _wrap_command_class(target, how)
             return target
-        return cast("_F", _wrap_handle(target, key, ttl, when_locked, wait_timeout, stop_on_lost))
+        return cast("_F", _wrap_handle(target, how))
 
     return decorate
 
 
-def _wrap_command_class(cls: Any, key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> None:
+def _wrap_command_class(cls: Any, how: _How) -> None:
     original_add_arguments = cls.add_arguments
+    original_run_from_argv = cls.run_from_argv
 
     def add_arguments(self: Any, parser: Any) -> None:
         original_add_arguments(self, parser)
@@ -89,14 +121,20 @@ def _wrap_command_class(cls: Any, key: Any, ttl: Any, when_locked: str, wait_tim
             help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
         )
         group.add_argument(
-            "--lock-fail", action="store_true", help="If another host holds the lock, exit with status 1."
+            "--lock-fail",
+            action="store_true",
+            help=f"If another host holds the lock, exit with status {int(ExitCode.LOCKED)}.",
         )
         group.add_argument(
             "--lock-ttl", type=float, metavar="SECONDS", default=None, help="The lock's ttl (kept alive while running)."
         )
 
+    def run_from_argv(self: Any, argv: list[str]) -> None:
+        keep_exit_code(functools.partial(original_run_from_argv, self), argv)
+
     cls.add_arguments = add_arguments
-    cls.handle = _wrap_handle(cls.handle, key, ttl, when_locked, wait_timeout, stop)
+    cls.run_from_argv = run_from_argv
+    cls.handle = _wrap_handle(cls.handle, how)
 
 
 def _command_name(command: Any) -> str:
@@ -104,21 +142,21 @@ def _command_name(command: Any) -> str:
     return module.rsplit(".", 1)[-1] if ".management.commands." in module else type(command).__name__.lower()
 
 
+def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
+    key, stop = how.key, how.stop_on_lost
 
-def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: str, wait_timeout: Any, stop: bool) -> Any:
     @functools.wraps(handle)
     def wrapped(self: Any, *args: Any, **options: Any) -> Any:
-        from django.core.management.base import CommandError
-
         from django_redlock.manager import get_lock_manager
 
+        name = _command_name(self)
         resource = (
-            Key(key, None).format((), dict(options), {"command": self, "name": _command_name(self)})
+            Key(key, None).format((), dict(options), {"command": self, "name": name})
             if key is not None
-            else f"command:{_command_name(self)}"
+            else f"command:{name}"
         )
-        lock_ttl = options.get("lock_ttl") or ttl or conf.get_config()["COMMAND_TTL"]
-        mode, timeout = when_locked, wait_timeout
+        lock_ttl = options.get("lock_ttl") or how.ttl or conf.get_config()["COMMAND_TTL"]
+        mode, timeout = how.when_locked, how.wait_timeout
         if options.get("lock_wait") is not None:
             mode, timeout = WAIT, options["lock_wait"]
         if options.get("lock_fail"):
@@ -147,6 +185,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             timeout=(timeout if timeout is not None else 3600.0) if waits else None,
             auto_extend=True,
             on_lost=on_lost,
+            label=how.label if how.label is not None else f"command:{name}",
         )
         try:
             lock = hold.__enter__()
@@ -175,7 +214,7 @@ def _wrap_handle(handle: Callable[..., Any], key: Any, ttl: Any, when_locked: st
             finally:
                 guard.restore()
         if loss is not None:  # also a loss the release itself found (taken over, expired)
-            logger.error("Command %s: its lock %r was lost (%s).", _command_name(self), resource, lock.lost_reason)
+            logger.error("Command %s: its lock %r was lost (%s).", name, resource, lock.lost_reason)
             what = "Stopped: the lock" if guard.sent else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from failure
         if guard.signum is not None:

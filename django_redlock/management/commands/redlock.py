@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -10,8 +11,13 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_redlock.adapters.commands import keep_exit_code
 from django_redlock.core.records import STATE_WORDS, same_everywhere, seconds
-from django_redlock.exceptions import LockError
+from django_redlock.exceptions import LockError, QuorumUnavailable
+from django_redlock.exit_codes import ExitCode
+
+#: Django's own options, taken after the subcommand too (``redlock status --settings=...``).
+GLOBAL_OPTIONS = ("verbosity", "settings", "pythonpath", "traceback", "no_color", "force_color", "skip_checks")
 
 
 class Command(BaseCommand):
@@ -29,6 +35,11 @@ class Command(BaseCommand):
         status = sub.add_parser("status", help="Each node's reachability, role, latency and run id.")
         status.add_argument("--json", action="store_true", help="Machine-readable output.")
         status.add_argument("--timeout", type=float, default=1.0, help="Seconds to wait for each node (default 1).")
+        for subparser in (listing, release, status):
+            accept_global_options(parser, subparser)
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        keep_exit_code(super().run_from_argv, argv)
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_redlock.manager import get_lock_manager
@@ -40,6 +51,8 @@ class Command(BaseCommand):
         action = options["action"]
         try:
             getattr(self, f"do_{action}")(manager, options)
+        except QuorumUnavailable as exc:
+            raise CommandError(str(exc), returncode=ExitCode.NO_QUORUM) from exc
         except LockError as exc:
             raise CommandError(str(exc)) from exc
         except ValueError as exc:
@@ -60,7 +73,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Only {listing.answered} of {listing.total} nodes answered, {listing.quorum} needed: whether "
                 "these locks are held is unknown, and a lock held on a quorum may be missing from this list.",
-                returncode=2,
+                returncode=ExitCode.NO_QUORUM,
+            )
+        if listing.down:
+            raise CommandError(
+                f"Degraded: {listing.answered} of {listing.total} nodes answered ({listing.quorum} needed); "
+                "a lock held by the others alone is listed with fewer nodes, or as unknown.",
+                returncode=ExitCode.DEGRADED,
             )
 
     def listing_text(self, records: Sequence[Any]) -> str:
@@ -82,6 +101,7 @@ class Command(BaseCommand):
     def do_release(self, manager: Any, options: dict[str, Any]) -> None:
         resource = options["resource"]
         done = manager.force_release_detail(resource)
+        which = "that answered " if done.unreachable else ""
         if options["json"]:
             self.stdout.write(
                 json.dumps(
@@ -90,9 +110,6 @@ class Command(BaseCommand):
             )
         elif done.deleted:
             self.stdout.write(self.style.SUCCESS(f"Released {resource!r} on {done.deleted} of {done.total} nodes."))
-        else:
-            which = "that answered " if done.unreachable else ""
-            self.stdout.write(f"No node {which}held a lock on {resource!r}.")
         for name, why in done.unreachable.items():
             self.stderr.write(
                 self.style.WARNING(f"Node {name} could not release it ({why}); a key there expires with its ttl.")
@@ -101,7 +118,15 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{len(done.unreachable)} of {done.total} nodes did not answer: the lock may still be held on a "
                 "quorum until its keys expire.",
-                returncode=2,
+                returncode=ExitCode.NO_QUORUM,
+            )
+        if not done.deleted:
+            raise CommandError(
+                f"Nothing to release: no node {which}held a lock on {resource!r}.", returncode=ExitCode.NOT_HELD
+            )
+        if done.unreachable:
+            raise CommandError(
+                f"Degraded: {len(done.unreachable)} of {done.total} nodes did not answer.", returncode=ExitCode.DEGRADED
             )
 
     def do_status(self, manager: Any, options: dict[str, Any]) -> None:
@@ -120,9 +145,18 @@ class Command(BaseCommand):
                 if s.warning:
                     self.stdout.write(self.style.WARNING(f"{'':<28} {s.warning}"))
             summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
-            self.stdout.write(self.style.SUCCESS(summary) if len(voting) >= quorum else self.style.ERROR(summary))
+            style = self.style.ERROR if len(voting) < quorum else self.style.WARNING
+            self.stdout.write(self.style.SUCCESS(summary) if len(voting) == len(statuses) else style(summary))
         if len(voting) < quorum:
-            raise CommandError(f"No quorum: {len(voting)} of {len(statuses)} nodes can vote, {quorum} needed.", returncode=2)
+            raise CommandError(
+                f"No quorum: {len(voting)} of {len(statuses)} nodes can vote, {quorum} needed.",
+                returncode=ExitCode.NO_QUORUM,
+            )
+        if len(voting) < len(statuses):
+            raise CommandError(
+                f"Degraded: {len(voting)} of {len(statuses)} nodes can vote; locks work while {quorum} can.",
+                returncode=ExitCode.DEGRADED,
+            )
 
     def status_line(self, s: Any) -> str:
         if not s.reachable:
@@ -147,6 +181,21 @@ class Command(BaseCommand):
         if not s.votes:
             line += self.style.WARNING(f"  does not vote: {s.not_voting_reason}")
         return line
+
+
+def accept_global_options(parser: CommandParser, subparser: argparse.ArgumentParser) -> None:
+    """Let ``subparser`` take Django's global options as well (its own value wins over one given before it)."""
+    for action in parser._actions:
+        if action.dest not in GLOBAL_OPTIONS:
+            continue
+        # SUPPRESS: an option not given after the subcommand leaves the value given before it, or Django's default.
+        how: dict[str, Any] = {"dest": action.dest, "default": argparse.SUPPRESS, "help": action.help}
+        if action.nargs == 0:  # a flag
+            subparser.add_argument(*action.option_strings, action="store_true", **how)
+        else:
+            if action.type is not None:
+                how["type"] = action.type
+            subparser.add_argument(*action.option_strings, choices=action.choices, metavar=action.metavar, **how)
 
 
 def listing_json(records: Sequence[Any], nodes: Sequence[str]) -> str:
