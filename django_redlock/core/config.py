@@ -139,7 +139,8 @@ class Hooks:
         """An acquisition gave up."""
 
     def acquire_finished(self, report: AcquireReport) -> None:
-        """An ``acquire()`` call that asked the nodes ended (after ``acquired`` or ``not_acquired``).
+        """An ``acquire()`` call that asked the nodes ended: right before ``acquired`` runs, or right
+        after ``not_acquired``.
 
         Not called for a ``reentrant=True`` call that entered a lock already held, which asks no node.
         """
