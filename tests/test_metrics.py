@@ -447,3 +447,22 @@ def test_a_lock_dropped_without_release_leaves_the_held_gauge(servers, registry)
         gc.collect()
         manager.acquire("metrics-next").release()  # the next lock event takes the dropped one off
         assert registry.get_sample_value("django_redlock_held_locks") == 0
+
+
+def test_opentelemetry_global_provider_set_after_the_hooks(servers):
+    """Hooks made before the application sets its meter provider record into that provider."""
+    from opentelemetry import metrics as otel
+
+    if type(otel.get_meter_provider()).__name__ != "_ProxyMeterProvider":
+        pytest.skip("this process already set its global meter provider")
+    hooks = OpenTelemetryHooks()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel.set_meter_provider(provider)  # once per process: the API refuses a second
+    try:
+        with LockManager(servers.urls, hooks=hooks, **FAST) as manager:
+            manager.acquire("metrics-global", blocking=False).release()
+        assert OpenTelemetryHooks().instruments is hooks.instruments
+        assert otel_read(reader).count("acquire", outcome="acquired") == 1
+    finally:
+        provider.shutdown()

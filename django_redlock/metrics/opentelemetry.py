@@ -113,15 +113,22 @@ class _Instruments:
 
 
 _SHARED: weakref.WeakKeyDictionary[MeterProvider, _Instruments] = weakref.WeakKeyDictionary()
+#: The instruments of the global meter provider: made once, through the API's proxy when no provider
+#: is set yet (they record into the one set later).
+_GLOBAL: list[_Instruments] = []
 _SHARED_MUTEX = threading.Lock()
 
 
-def _instruments_of(provider: MeterProvider) -> _Instruments:
+def _instruments_of(provider: MeterProvider | None) -> _Instruments:
+    from django_redlock import __version__
+
     with _SHARED_MUTEX:
+        if provider is None:
+            if not _GLOBAL:
+                _GLOBAL.append(_Instruments(otel.get_meter(SCOPE, __version__)))
+            return _GLOBAL[0]
         instruments = _SHARED.get(provider)
         if instruments is None:
-            from django_redlock import __version__
-
             meter = otel.get_meter(SCOPE, __version__, meter_provider=provider)
             instruments = _SHARED[provider] = _Instruments(meter)
         return instruments
@@ -148,8 +155,8 @@ class OpenTelemetryHooks(MetricsHooks):
             raise ValueError(
                 f"meter_provider must be an opentelemetry MeterProvider; got {type(meter_provider).__name__}."
             )
-        self.meter_provider = otel.get_meter_provider() if meter_provider is None else meter_provider
-        self.instruments = _instruments_of(self.meter_provider)
+        self.meter_provider = meter_provider
+        self.instruments = _instruments_of(meter_provider)
         self.held = self.instruments.held
 
     def record_acquire(self, report: AcquireReport, group: str | None) -> None:
