@@ -84,18 +84,20 @@ def _hooks_of(entry: Any, index: int) -> Hooks:
         except (ImportError, ValueError, TypeError) as exc:
             raise ImproperlyConfigured(f"{where}: {found.__qualname__}() failed: {exc}") from None
     if not isinstance(found, Hooks):
+        named = f"{entry!r} names" if isinstance(entry, str) else "got"
         raise ImproperlyConfigured(
-            f"{where} must name a django_redlock.core.Hooks subclass or instance; got {found!r}."
+            f"{where} must name a django_redlock.core.Hooks subclass or instance; {named} a {type(found).__name__}."
         )
     return found
 
 
 def _build(cls: type[_M]) -> _M:
     signal_hooks = SignalHooks()
-    more = configured_hooks()
-    hooks = CombinedHooks(signal_hooks, *more) if more else signal_hooks
     try:
-        manager = cls(conf.get_nodes(), hooks=hooks, **conf.engine_options())
+        nodes, options = conf.get_nodes(), conf.engine_options()
+        more = configured_hooks()
+        hooks = CombinedHooks(signal_hooks, *more) if more else signal_hooks
+        manager = cls(nodes, hooks=hooks, **options)
     except ValueError as exc:
         raise ImproperlyConfigured(f"REDLOCK_NODES / REDLOCK: {exc}") from None
     signal_hooks.sender = manager
