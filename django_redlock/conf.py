@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     # Django layer
     "LOCKED_RESPONSE": None,  # dotted path or callable (request, error) -> HttpResponse
     "COMMAND_TTL": 60.0,
+    "HOOKS": [],  # more hooks (dotted paths, or Hooks instances): metrics exporters, your own
 }
 
 # REDLOCK key -> LockManager keyword

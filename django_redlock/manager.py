@@ -16,9 +16,11 @@ from typing import Any, TypeVar, cast
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.module_loading import import_string
 
 from django_redlock import conf, signals
 from django_redlock.core import AsyncLockManager, Hooks, LockManager, forks
+from django_redlock.core.config import CombinedHooks
 
 __all__ = ["async_lock_manager", "get_async_lock_manager", "get_lock_manager", "lock_manager", "reset"]
 
@@ -56,13 +58,49 @@ class SignalHooks(Hooks):
         signals.lock_not_acquired.send(sender=self.sender, resource=resource, error=error)
 
 
+def configured_hooks() -> list[Hooks]:
+    """The hooks ``REDLOCK['HOOKS']`` lists, each a dotted path to a
+    :class:`~django_redlock.core.Hooks` subclass (made with no arguments) or instance, or an instance."""
+    entries = conf.get_config()["HOOKS"]
+    if isinstance(entries, (str, bytes, Hooks)) or not isinstance(entries, (list, tuple)):
+        raise ImproperlyConfigured(
+            "REDLOCK['HOOKS'] must be a list of dotted paths to Hooks subclasses or instances, e.g. "
+            f"['django_redlock.metrics.PrometheusHooks']; got {type(entries).__name__}."
+        )
+    return [_hooks_of(entry, i) for i, entry in enumerate(entries)]
+
+
+def _hooks_of(entry: Any, index: int) -> Hooks:
+    where = f"REDLOCK['HOOKS'][{index}]"
+    found = entry
+    if isinstance(entry, str):
+        try:
+            found = import_string(entry)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"{where} = {entry!r} cannot be imported: {exc}") from None
+    if isinstance(found, type) and issubclass(found, Hooks):
+        try:
+            found = found()
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ImproperlyConfigured(f"{where}: {found.__qualname__}() failed: {exc}") from None
+    if not isinstance(found, Hooks):
+        named = f"{entry!r} names" if isinstance(entry, str) else "got"
+        raise ImproperlyConfigured(
+            f"{where} must name a django_redlock.core.Hooks subclass or instance; {named} a {type(found).__name__}."
+        )
+    return found
+
+
 def _build(cls: type[_M]) -> _M:
-    hooks = SignalHooks()
+    signal_hooks = SignalHooks()
     try:
-        manager = cls(conf.get_nodes(), hooks=hooks, **conf.engine_options())
+        nodes, options = conf.get_nodes(), conf.engine_options()
+        more = configured_hooks()
+        hooks = CombinedHooks(signal_hooks, *more) if more else signal_hooks
+        manager = cls(nodes, hooks=hooks, **options)
     except ValueError as exc:
         raise ImproperlyConfigured(f"REDLOCK_NODES / REDLOCK: {exc}") from None
-    hooks.sender = manager
+    signal_hooks.sender = manager
     return manager
 
 

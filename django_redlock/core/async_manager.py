@@ -264,6 +264,8 @@ class AsyncLockManager(ManagerBase):
         kind = type(effect)
         if kind is steps.Fan:
             timeout = effect.timeout or self.config.node_timeout
+            if self.config.watches_nodes:
+                return self._seen(effect, await afanout(self.anodes, self._timed(effect), timeout))
             return await afanout(self.anodes, effect, timeout)
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)

@@ -331,6 +331,9 @@ class Attempts:
         self.attempts = 0
         self.results: Sequence[Any] = ()
         self.validity = 0.0
+        # For the acquire_finished hook: when the first vote was judged lost, and whether it found the lock held.
+        self.first_lost: float | None = None
+        self.contended = False
 
     @forks.cached
     def line(self) -> list[str]:
@@ -460,6 +463,22 @@ class Attempts:
     def renew(self) -> None:
         """A new value for the next attempt (the place and ticket stay)."""
         self._new_holder()
+
+    def first_vote_lost(self, now: float) -> None:
+        """The first vote did not win (judged at ``now``): note it for :meth:`report`. A call that waits
+        waits from here; the lock was contended when so many nodes refused the vote (held, or others
+        ahead in line) that no quorum was left."""
+        if self.mode != "once":
+            self.first_lost = now
+        refused = sum(1 for r in self.results if r is None or type(r) is int)
+        self.contended = refused > len(self.results) - quorum_of(len(self.results))
+
+    def report(self, outcome: Outcome, now: float) -> AcquireReport:
+        """The call's :class:`AcquireReport`, ended at ``now``."""
+        waited = 0.0 if self.first_lost is None else max(0.0, now - self.first_lost)
+        return AcquireReport(
+            self.resource, self.resources, outcome, max(0.0, now - self.begun), waited, self.contended, self.attempts
+        )
 
     def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None, note: str = "") -> LockNotAcquired:
         granted = count(self.results) >= quorum

@@ -82,6 +82,11 @@ class Granted(bytes):
         return f"{bytes(self)!r} after {self.waited * 1000:.1f} ms in line"
 
 
+#: Results that tell nothing of the node: no command for it, one queued behind others, a reply not waited for.
+SKIPPED = "skipped"
+QUEUED = "queued behind an unanswered command"
+NOT_AWAITED = "not awaited: the outcome was already known"
+
 Done = Callable[[list[Any]], bool]
 #: What :meth:`Round.open` hands a driver: the connection, since when it was parked (None: it was
 #: idle), and the commands to send on it, booked.
@@ -179,7 +184,7 @@ class Round(Generic[C]):
     def choose(self, i: int, now: float) -> tuple[Choice, C | None, float | None] | None:
         """Where node ``i``'s command goes; None when the node already has its result."""
         if self.commands[i] is None:
-            self.results[i] = Failure("skipped")
+            self.results[i] = Failure(SKIPPED)
             return None
         after = None
         if self.ordered_after_key is not None and self.kind == ledger.RELEASE:
@@ -253,7 +258,7 @@ class Round(Generic[C]):
             del self.waiting[mine]
             mine.waiter = None
             self.books[i].checkin(conn, parked_since, now)
-            self.results[i] = Failure("queued behind an unanswered command")
+            self.results[i] = Failure(QUEUED)
             return False
         books = self.books[i]
         if books.background_reads:
@@ -337,7 +342,7 @@ class Round(Generic[C]):
         for entry, (i, conn) in self.waiting.items():
             entry.waiter = None  # read and booked later, when the connection is next used
             if self.grace and not late:
-                self.results[i] = Failure("not awaited: the outcome was already known", answered=True)
+                self.results[i] = Failure(NOT_AWAITED, answered=True)
             else:
                 self.results[i] = Failure(f"no reply within {ms_text(self.timeout)}")  # this round's own wait
             left.append((i, conn))

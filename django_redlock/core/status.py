@@ -8,15 +8,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import clock, ledger
-from django_redlock.core.base import ManagerConfig
+from django_redlock.core.base import ManagerConfig, NodeSeen
 from django_redlock.core.records import NodeStatus
-from django_redlock.core.rounds import describe_error
+from django_redlock.core.rounds import NOT_AWAITED, QUEUED, SKIPPED, Failure, describe_error
 from django_redlock.core.steps import NOW, Fan, Step
 
 if TYPE_CHECKING:
     from django_redlock.core.nodes import Node
 
-__all__ = ["node_status", "ping", "status_of"]
+__all__ = ["node_status", "ping", "seen_of", "status_of"]
 
 
 def node_status(config: ManagerConfig, nodes: Sequence[Node], timeout: float) -> Step:
@@ -97,3 +97,32 @@ def status_of(node: Node, replies: Any, latency: float | None, window: float, re
         warning=warning,
         **common,
     )
+
+
+_NO_NEWS = frozenset((SKIPPED, QUEUED, NOT_AWAITED))
+_NOT_VOTING = frozenset((ledger.UNKNOWN, ledger.DENIED))
+
+
+def seen_of(
+    names: Sequence[str], results: Sequence[Any], timings: Sequence[float | None] | None, window: float, rule: bool
+) -> list[NodeSeen]:
+    """What a round's ``results`` show of each node (see :class:`~django_redlock.core.config.NodeSeen`):
+    ``window`` is the round's restart window (its replies were votes when > 0), ``rule`` whether the
+    manager applies the delayed-restart rule at all."""
+    counted = False if window > 0 or not rule else None
+    seen = []
+    for i, (name, result) in enumerate(zip(names, results)):
+        seconds = timings[i] if timings is not None else None
+        if not isinstance(result, Failure):
+            seen.append(NodeSeen(name, True, counted, seconds))
+            continue
+        reason = result.reason
+        if reason in _NO_NEWS:
+            continue
+        if ledger.DELAYED_RESTART in reason:
+            seen.append(NodeSeen(name, True, True, seconds))
+        elif result.answered or reason in _NOT_VOTING:  # an error reply; a vote whose restart state is unknown
+            seen.append(NodeSeen(name, True, None, seconds))
+        else:
+            seen.append(NodeSeen(name, False, None, None))
+    return seen

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django_redlock.core import base
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
+from django_redlock.exceptions import QuorumUnavailable
 
 if TYPE_CHECKING:
     from django_redlock.core.lock import LockBase
@@ -186,6 +187,7 @@ def acquire(
     # milliseconds); a call that waits in line hears every node out when it fails.
     done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)
     started = plan.begun  # read before the first byte is written: the validity counts from here
+    timed = config.reports_acquires
     while True:
         try:
             results = yield Fan(
@@ -209,8 +211,13 @@ def acquire(
                         script=EXTEND,
                         allow_lagging=False,
                     )
-                    plan.topped_up(replies, started, quorum, (yield NOW))
+                    now = yield NOW
+                    plan.topped_up(replies, started, quorum, now)
+                if timed:
+                    base.call_hook(config.hooks, "acquire_finished", plan.report("acquired", now))
                 return plan
+            if timed and plan.attempts == 1:
+                plan.first_vote_lost(now)
             pause = plan.next_vote(quorum, now)
             # Release where this attempt's value may be set (the nodes that did not refuse for sure);
             # a call that gives up also leaves the line everywhere. One that goes on waiting keeps its
@@ -235,11 +242,23 @@ def acquire(
             # Interrupted (a signal, a cancellation), during a vote, a release or the pause between
             # votes: release what may have been set, and leave the line.
             yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
+            if timed:
+                base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
             raise
     command, script = plan.ttl_command()
-    ttls = yield Fan([command] * total, script=script, allow_lagging=False)
+    try:
+        ttls = yield Fan([command] * total, script=script, allow_lagging=False)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        if timed:
+            base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
+        raise
     error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "")
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
+    if timed:
+        outcome: base.Outcome = "no_quorum" if isinstance(error, QuorumUnavailable) else "locked"
+        base.call_hook(config.hooks, "acquire_finished", plan.report(outcome, (yield NOW)))
     raise error
 
 
@@ -279,7 +298,13 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
         script=EXTEND,
         allow_lagging=False,
     )
-    lock._judge_extend(results, started, old_deadline, new_ttl, counted)
+    hooks = lock.manager.config.hooks
+    try:
+        lock._judge_extend(results, started, old_deadline, new_ttl, counted)
+    except Exception:
+        base.call_hook(hooks, "extension_finished", lock, automatic, False)
+        raise
+    base.call_hook(hooks, "extension_finished", lock, automatic, True)
 
 
 def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -> Step:

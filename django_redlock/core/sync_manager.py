@@ -155,6 +155,19 @@ class ManagerBase:
     def _forget(self, lock: Any) -> None:
         """Stop watching ``lock`` (released); the async keep-alive tasks watch ``lock.released`` themselves."""
 
+    def _timed(self, fan: steps.Fan) -> steps.Fan:
+        """``fan``, set to time each node's reply (not a vote's wait in line), for the ``nodes_seen`` hook."""
+        if fan.timings is None and fan.block is None:
+            fan.timings = [None] * len(self.node_list)
+        return fan
+
+    def _seen(self, fan: steps.Fan, results: list[Any]) -> list[Any]:
+        """Tell the ``nodes_seen`` hook what a round's ``results`` show of each node; returns them."""
+        config = self.config
+        seen = status.seen_of(self.nodes, results, fan.timings, fan.restart_window, config.restart_window > 0)
+        base.call_hook(config.hooks, "nodes_seen", seen)
+        return results
+
     def key(self, resource: str) -> str:
         """The Redis key that locks ``resource``."""
         return self.config.key(check_resource(resource))
@@ -333,6 +346,8 @@ class LockManager(ManagerBase):
         kind = type(effect)
         if kind is steps.Fan:
             timeout = effect.timeout or self.config.node_timeout
+            if self.config.watches_nodes:
+                return self._seen(effect, fanout(self.node_list, self._timed(effect), timeout))
             return fanout(self.node_list, effect, timeout)
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
