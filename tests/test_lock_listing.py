@@ -180,6 +180,41 @@ def test_an_unknown_order_is_refused(manager):
         manager.lock_listing(order="size")
 
 
+@pytest.mark.parametrize("order", ["resource", "-ttl", "waiting", "holder"])
+def test_a_state_keeps_only_its_locks_in_the_order_asked(manager, servers, order):
+    varied(servers)
+    everything = manager.lock_listing(order=order).records
+    for state, count in (("held", 30), ("minority", 1), ("split", 1), ("unknown", 0)):
+        expected = [r.resource for r in everything if r.state == state]
+        assert len(expected) == count
+        assert [r.resource for r in manager.lock_listing(order=order, state=state).records] == expected
+        page = manager.lock_listing(rows=slice(0, 12), order=order, state=state)
+        assert [r.resource for r in page.records] == expected[:12] and page.count == count
+    asked = []
+    last = manager.lock_listing(rows=lambda n: asked.append(n) or slice(n - 3, n), order=order, state="held")
+    held = [r.resource for r in everything if r.state == "held"]
+    assert asked == [30] and [r.resource for r in last.records] == held[-3:]
+
+
+def test_a_state_reads_values_in_one_walk_and_an_unknown_one_is_refused(manager, servers):
+    fill(servers, count=250, nodes=range(2))  # minority left-overs
+    fill(servers, count=50)  # the first 50 on every node: held
+    before = scripts_run(servers[0])
+    page = manager.lock_listing(rows=slice(0, 100), state="minority")
+    assert [r.resource for r in page.records] == names(250)[50:150] and page.count == 200
+    assert scripts_run(servers[0]) - before == 2  # one LIST call (250 keys, values), one INSPECT
+    with pytest.raises(ValueError, match=r"state must be one of held, split, minority, unknown \(or None for all\); got"):
+        manager.lock_listing(state="stuck")
+
+
+async def test_async_listing_filters_by_state(servers):
+    fill(servers, count=20, nodes=range(2))
+    async with AsyncLockManager(servers.urls, restart_window=0) as amanager:
+        listing = await amanager.lock_listing(rows=slice(0, 5), order="-resource", state="minority")
+        assert [r.resource for r in listing.records] == names(20)[:-6:-1] and listing.count == 20
+        assert (await amanager.lock_listing(state="held")).records == ()
+
+
 def commandstats(server, command):
     with redis.Redis.from_url(server.url) as client:
         return client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)

@@ -314,10 +314,10 @@ class AsyncLockManager(ManagerBase):
             yield record
 
     async def lock_listing(
-        self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
+        self, match: str | None = None, rows: Rows | None = None, order: str = "resource", state: str | None = None
     ) -> LockListing:
         """Async version of :meth:`LockManager.lock_listing`."""
-        return cast(LockListing, await self._run(self._listing(match, rows, order)))
+        return cast(LockListing, await self._run(self._listing(match, rows, order, state)))
 
     async def lock_record(self, resource: str) -> LockRecord | None:
         """Async version of :meth:`LockManager.lock_record`."""

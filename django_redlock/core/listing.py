@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from django_redlock.core.base import ManagerConfig, locked_of
 from django_redlock.core.records import (
+    STATE_WORDS,
     Holder,
     LockListing,
     LockRecord,
@@ -89,9 +90,10 @@ def read_listing(
     match: str | None = None,
     rows: Rows | None = None,
     order: str = "resource",
+    state: str | None = None,
 ) -> Step:
     """The live locks, as :meth:`~django_redlock.core.LockManager.lock_listing` describes them."""
-    return _read(Scan(config, nodes, quorum, match, rows, order))
+    return _read(Scan(config, nodes, quorum, match, rows, order, state=state))
 
 
 def read_record(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resource: str) -> Step:
@@ -167,7 +169,9 @@ class Scan:
     waiting lines. With ``rows``, the walk reads only what the order needs
     (for the resource order, names alone); :meth:`inspect_commands` then
     picks the rows and INSPECT reads just their keys in full. With ``keys``
-    there is no walk: INSPECT reads those keys.
+    there is no walk: INSPECT reads those keys. With ``state``, only the locks
+    in that state are kept (the walk then reads every key's values, which the
+    state is judged from).
     """
 
     def __init__(
@@ -179,10 +183,14 @@ class Scan:
         rows: Rows | None = None,
         order: str = "resource",
         keys: Sequence[str] | None = None,
+        state: str | None = None,
     ) -> None:
         name = order[1:] if isinstance(order, str) and order.startswith("-") else order
         if name not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)} (or one of them after '-'); got {order!r}.")
+        if state is not None and state not in STATE_WORDS:
+            raise ValueError(f"state must be one of {', '.join(STATE_WORDS)} (or None for all); got {state!r}.")
+        self.state = state
         self.order = ORDERS[name]
         self.by_resource = name == "resource"  # the order of the keys themselves: nothing to sort
         self.descending = order != name
@@ -193,6 +201,8 @@ class Scan:
         self.rows = rows
         self.head, _, places_head = config.line_keys("")
         reads, lines = ("vt", True) if rows is None else (self.order.reads, self.order.lines)
+        if state is not None and "v" not in reads:  # a state is judged from the values
+            reads = "v" if reads == "n" else "vt"
         self.walks = [(config.pattern(self.head, match), reads)]
         if lines:
             self.walks.append((config.pattern(places_head, match), "w"))
@@ -264,6 +274,8 @@ class Scan:
         """After a walk for ``rows``: pick the rows in the order asked; INSPECT their keys on every node that answered."""
         if self.rows is not None:
             keys = self.keys()
+            if self.state is not None:
+                keys = self.in_state(keys)
             self.count = len(keys)
             if not self.by_resource:
                 keys = self.in_order(keys)
@@ -272,6 +284,15 @@ class Scan:
             self.page = keys[self.rows(self.count) if callable(self.rows) else self.rows]
         command = self.config.inspect_command(self.page) if self.page else None
         return [command if node.name not in self.down else None for node in self.nodes]
+
+    def in_state(self, keys: list[str]) -> list[str]:
+        """The ``keys`` whose lock is in the state asked, from the values the walk read."""
+        quorum, silent, state = self.quorum, len(self.down), self.state
+        return [
+            key
+            for key, _nodes, values, _pttls, _lives in self.copies(keys, self.reads)
+            if state_of(len(main_copies(values)), len(values), quorum, silent) == state
+        ]
 
     def in_order(self, keys: list[str]) -> list[str]:
         """``keys`` in the order asked, from what the walk read."""
@@ -302,6 +323,8 @@ class Scan:
         """The records read: every one in the order asked, or the rows' (``count`` still tells how many there are)."""
         if self.full:
             records = self.records(self.keys(), self.reads)
+            if self.state is not None:
+                records = [r for r in records if r.state == self.state]
             read_holders(records)  # a full listing shows every holder
             if not self.by_resource:
                 records = [records[i] for i in self.ranked([(r.values, r.pttls, r.lives) for r in records])]
@@ -309,6 +332,8 @@ class Scan:
                 records.reverse()
             return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, len(records))
         records = self.records(self.page, self.reads)
+        if self.state is not None:  # read again: a lock whose state changed since the walk is left out
+            records = [r for r in records if r.state == self.state]
         return LockListing(tuple(records), dict(self.down), len(self.nodes), self.quorum, self.count)
 
     def records(self, keys: Sequence[str], reads: Sequence[Reads]) -> list[LockRecord]:

@@ -140,8 +140,8 @@ class ManagerBase:
     def _forcing(self, resource: str) -> steps.Step:
         return steps.force_release(self.config, self.node_list, resource)
 
-    def _listing(self, match: str | None, rows: Rows | None, order: str) -> steps.Step:
-        return read_listing(self.config, self.node_list, self.quorum, match, rows, order)
+    def _listing(self, match: str | None, rows: Rows | None, order: str, state: str | None = None) -> steps.Step:
+        return read_listing(self.config, self.node_list, self.quorum, match, rows, order, state)
 
     def _record(self, resource: str) -> steps.Step:
         return read_record(self.config, self.node_list, self.quorum, resource)
@@ -433,7 +433,7 @@ class LockManager(ManagerBase):
         yield from self.lock_listing(match).records
 
     def lock_listing(
-        self, match: str | None = None, rows: Rows | None = None, order: str = "resource"
+        self, match: str | None = None, rows: Rows | None = None, order: str = "resource", state: str | None = None
     ) -> LockListing:
         """:meth:`live_locks` as a whole: the records and the nodes that could not be read.
 
@@ -445,9 +445,12 @@ class LockManager(ManagerBase):
         are that returns one) reads only those records in full: the walk
         then fetches just what the order needs (key names alone for the
         resource order), and the listing's ``count`` still tells how many
-        resources there are.
+        resources there are. ``state`` (``"held"``, ``"minority"``,
+        ``"split"`` or ``"unknown"``) keeps only the locks in that state, and
+        ``count`` then counts those; the walk reads every key's values to
+        judge it.
         """
-        return cast(LockListing, self._run(self._listing(match, rows, order)))
+        return cast(LockListing, self._run(self._listing(match, rows, order, state)))
 
     def lock_record(self, resource: str) -> LockRecord | None:
         """The record of ``resource`` (None when no node holds its key), reading that one key on every node.
