@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from django_redlock.core.listing import NODE_WAIT
 from django_redlock.core.records import STATE_WORDS
@@ -29,13 +30,13 @@ from django_redlock.models import Lock
 PER_PAGE = 100
 #: The change list's columns: name (the ``o`` parameter sorts by it), heading, and the listing's order.
 COLUMNS = [
-    ("resource", _("Resource"), "resource"),
-    ("holder", _("Holder"), "holder"),
-    ("acquired", _("Acquired"), "acquired_at"),
-    ("ttl", _("TTL left"), "ttl"),
-    ("nodes", _("Nodes"), "nodes_holding"),
-    ("waiting", _("Waiting"), "waiting"),
-    ("state", _("State"), "state"),
+    ("resource", gettext_lazy("Resource"), "resource"),
+    ("holder", gettext_lazy("Holder"), "holder"),
+    ("acquired", gettext_lazy("Acquired"), "acquired_at"),
+    ("ttl", gettext_lazy("TTL left"), "ttl"),
+    ("nodes", gettext_lazy("Nodes"), "nodes_holding"),
+    ("waiting", gettext_lazy("Waiting"), "waiting"),
+    ("state", gettext_lazy("State"), "state"),
 ]
 ORDERS = {name: order for name, _label, order in COLUMNS}
 
