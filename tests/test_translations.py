@@ -141,3 +141,15 @@ def test_the_admin_page_is_translated(django_user_model):
     finally:
         lock.release()
     assert "Aktive Sperren" in page  # the template's heading
+    assert "von einem Quorum gehalten" in page  # the lock's state
+    assert ">Ressource</a>" in page  # a column heading, from admin.py
+    english = client.get("/admin/django_redlock/lock/").content.decode()
+    assert "Live locks" in english and ">Resource</a>" in english  # and back in English, per request
+
+
+def test_every_lock_state_word_is_translated():
+    from django_redlock.core.records import STATE_WORDS
+
+    with translation.override("de"):
+        german = {state: translation.gettext(word) for state, word in STATE_WORDS.items()}
+    assert all(german[state] != word for state, word in STATE_WORDS.items()), german
