@@ -91,6 +91,7 @@ def test_a_json_client_gets_the_json_body_it_always_got(accept):
     response = Client().get("/pay/21/", HTTP_ACCEPT=accept)
     lock.release()
     assert response.status_code == 423 and response["Content-Type"] == "application/json"
+    assert response["Vary"] == "Accept"  # caches keep the forms apart
     seconds = int(response["Retry-After"])
     assert 1 <= seconds <= 4
     assert response.json() == {"detail": LOCKED_TEXT, "code": "locked", "retry_after": seconds}

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
+from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.utils.module_loading import import_string
 from django.utils.translation import get_language
@@ -152,6 +153,7 @@ def _answer(
         response = JsonResponse(body, status=status, content_type=kind)
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)
+    patch_vary_headers(response, ("Accept",))  # the body depends on it: a cache must not mix them
     return response
 
 
