@@ -50,6 +50,7 @@ def hold(resource):
         ("*/*", HTML),
         ("", HTML),
         ("application/*", JSON),
+        ("application/problem+json;q=0, application/*", JSON),  # refusing problem details is not refusing JSON
         ("application/*, application/problem+json", PROBLEM_JSON),  # the exact range beats the wildcard
         ("*/*, application/json", JSON),
         ("text/*;q=0.5, */*;q=0.1", HTML),

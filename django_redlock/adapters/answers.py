@@ -61,11 +61,11 @@ def _media_ranges(accept: str) -> Iterator[tuple[str, float]]:
 
 
 def _specificity(media_range: str, offered: str) -> int:
-    """How closely ``media_range`` names ``offered``: 3 exactly, 2 another ``+json`` type for JSON
+    """How closely ``media_range`` names ``offered``: 3 exactly, 2 another ``+json`` type than problem+json for JSON
     (``application/vnd.api+json``), 1 ``type/*``, 0 ``*/*``; -1 when it does not match."""
     if media_range == offered:
         return 3
-    if offered == JSON and media_range.endswith("+json"):
+    if offered == JSON and media_range.endswith("+json") and media_range != PROBLEM_JSON:
         return 2
     kind, _sep, subtype = media_range.partition("/")
     if subtype == "*" and offered.startswith(kind + "/"):
