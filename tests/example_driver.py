@@ -35,6 +35,10 @@ for url in ("/slow/1/", "/async/1/", "/cbv/1/"):
     assert 1 <= int(response["Retry-After"]) <= 10
     assert b"423 Locked" in response.content
     assert b"127.0.0.1" not in response.content and b":71" not in response.content  # no node addresses
+    for accept in ("application/json", "application/problem+json"):  # API clients: the package's answer
+        response = client.get(url, HTTP_ACCEPT=accept)
+        assert response.status_code == 423 and response["Content-Type"] == accept, (url, accept)
+        assert response.json()["code"] == "locked" and response.json()["retry_after"] == int(response["Retry-After"])
 
 get_user_model().objects.create_superuser("demo", "demo@example.com", "pw")
 client.login(username="demo", password="pw")

@@ -18,7 +18,7 @@ from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.core.async_manager import AsyncLockContext
 from django_redlock.core.lock import LockContext
-from django_redlock.adapters.answers import answer_loss, locked_handler
+from django_redlock.adapters.answers import ApiView, answer_locked, answer_loss
 from django_redlock.adapters.keys import Keys, KeysSpec, find_request
 from django_redlock.exceptions import LockNotAcquired
 
@@ -105,14 +105,17 @@ def redlock(
     return decorator
 
 
-def _run_held(hold: LockContext, call: Callable[[], Any], request: HttpRequest | None, on_locked: Any) -> Any:
-    """Run ``call`` in ``hold``; a held lock is answered by ``on_locked`` for a view, raised otherwise."""
+def _run_held(
+    hold: LockContext, call: Callable[[], Any], request: HttpRequest | None, on_locked: Any, api: ApiView | None = None
+) -> Any:
+    """Run ``call`` in ``hold``; a held lock is answered for a view (``api``: a REST framework view
+    held around its dispatch, which answers), raised otherwise."""
     try:
         lock = hold.__enter__()
     except LockNotAcquired as error:
         if request is None:
             raise
-        return locked_handler(on_locked)(request, error)
+        return answer_locked(request, error, on_locked, api)
     try:
         result = call()
         if inspect.isawaitable(result):
@@ -122,7 +125,7 @@ def _run_held(hold: LockContext, call: Callable[[], Any], request: HttpRequest |
         raise
     if _is_streaming(result) and lock.locked():
         return _leave_after_stream(result, hold.leave)
-    return answer_loss(hold.leave(), result, request)
+    return answer_loss(hold.leave(), result, request, api)
 
 
 def _refuse_awaitable(result: Any) -> None:
@@ -145,7 +148,7 @@ async def _run_held_async(
     except LockNotAcquired as error:
         if request is None:
             raise
-        return locked_handler(on_locked)(request, error)
+        return answer_locked(request, error, on_locked)
     try:
         result = await call()
     except BaseException:
@@ -229,7 +232,8 @@ class RedlockMixin:
             ahold = get_async_lock_manager().lock(resource, self.redlock_ttl, **options)
             return _run_held_async(ahold, call, request, self.redlock_on_locked)
         hold = get_lock_manager().lock(resource, self.redlock_ttl, **options)
-        return _run_held(hold, call, request, self.redlock_on_locked)
+        api = (self, call) if _is_api_view(self) else None  # REST framework answers for its views
+        return _run_held(hold, call, request, self.redlock_on_locked, api)
 
 
 def _is_api_view(view: Any) -> bool:

@@ -272,12 +272,17 @@ def read_holders(records: Sequence[LockRecord]) -> None:
         record._holders = (holder,) * len(record.values)
 
 
+def gettext_noop(message: str) -> str:
+    """Mark ``message`` for Django's ``makemessages`` (the admin translates it; the engine imports no Django)."""
+    return message
+
+
 #: What each state of a :class:`LockRecord` is called wherever locks are listed (command, admin).
 STATE_WORDS = {
-    "held": "held by a quorum",
-    "split": "split between holders",
-    "minority": "minority left-over",
-    "unknown": "unknown: may be held",
+    "held": gettext_noop("held by a quorum"),
+    "split": gettext_noop("split between holders"),
+    "minority": gettext_noop("minority left-over"),
+    "unknown": gettext_noop("unknown: may be held"),
 }
 
 

@@ -9,8 +9,8 @@ from django.shortcuts import render
 from django.views import View
 
 from django_redlock import get_lock_manager, redlock
-from django_redlock.decorators import RedlockMixin, retry_after_seconds
-from django_redlock.exceptions import StaleToken
+from django_redlock.decorators import RedlockMixin, locked_response, retry_after_seconds, wants_json
+from django_redlock.exceptions import QuorumUnavailable, StaleToken
 from shop.models import Invoice
 
 WORK_SECONDS = 8
@@ -23,7 +23,10 @@ def index(request):
 
 
 def locked(request, error):
-    """REDLOCK['LOCKED_RESPONSE']: a friendlier 423 page with the same Retry-After."""
+    """REDLOCK['LOCKED_RESPONSE']: a friendlier 423 page with the same Retry-After for browsers;
+    API clients keep the package's answer (JSON or problem details, as their Accept asks)."""
+    if wants_json(request) or isinstance(error, QuorumUnavailable):
+        return locked_response(request, error)
     seconds = retry_after_seconds(error)
     # Only the wait: the error's text names the lock nodes, which end users must not see.
     response = render(request, "shop/locked.html", {"seconds": seconds}, status=423)
