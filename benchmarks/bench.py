@@ -20,22 +20,28 @@ their users get.
 
     python benchmarks/bench.py [--iterations N] [--budget S] [--json out.json] [--plot out.png]
     python benchmarks/bench.py --only contention [--workers 8] [--seconds 10] [--hold-ms 1]
+    python benchmarks/bench.py --render-only --json docs/benchmarks.json --rst docs/benchmarks_table.rst
 
 With ``--only``, the sections that did not run are kept from an existing
-``--json`` file, so the plot and table still show every scenario.
+``--json`` file, so the plot and table still show every scenario. Each section
+records the date (UTC) and the command line of the run that measured it, and
+the tables print them. ``--render-only`` writes the table (and plot) again
+from ``--json`` without measuring anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import multiprocessing
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -351,6 +357,35 @@ def _sections(only: str | None) -> list[str]:
     return wanted
 
 
+def run_stamp(script: str, argv: Sequence[str] | None) -> dict:
+    """When and how a run was made: today's UTC date and the command line that reproduces it."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "command": shlex.join(["python", f"benchmarks/{script}", *args]),
+    }
+
+
+def stamp_line(section: dict) -> str:
+    """The sentence under a generated table that says when and by which command it was measured."""
+    stamp = section.get("produced")
+    if not stamp:
+        return "Date and command of this run not recorded."
+    return f"Measured on {stamp['date']} with ``{stamp['command']}``."
+
+
+def render_only(args: argparse.Namespace, draw: Callable[[dict, str], None], tables: Callable[[dict], str]) -> dict:
+    """``--render-only``: write ``--rst`` and ``--plot`` again from the results in ``--json``."""
+    if not args.json_out or not os.path.exists(args.json_out):
+        raise SystemExit("--render-only: --json must name an existing results file to render from")
+    if not args.rst and not args.plot:
+        raise SystemExit("--render-only: nothing to write; give --rst FILE and/or --plot FILE")
+    with open(args.json_out) as fh:
+        results = json.load(fh)
+    write_outputs(results, args, draw, tables, write_json=False)
+    return results
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=3000)
@@ -367,7 +402,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--plot")
     parser.add_argument("--rst", help="write the results as a reStructuredText table (for the docs)")
     parser.add_argument("--quick", action="store_true", help="few iterations, 2 s of contention, django_redlock only")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: write --rst and --plot from the results already in --json")
     args = parser.parse_args(argv)
+    if args.render_only:
+        return render_only(args, plot, rst_table)
+    stamp = run_stamp("bench.py", argv)
     sections = _sections(args.only)
     libraries = ["django_redlock"] if args.quick else [x.strip() for x in args.libraries.split(",")]
     contenders = ["django_redlock"] if args.quick else [x.strip() for x in args.contention_libraries.split(",")]
@@ -379,7 +419,7 @@ def main(argv=None) -> dict:
             results = json.load(fh)  # keep the sections this run does not redo
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if any(s in sections for s in LATENCY_SECTIONS):
-        results.update({"machine": machine, "iterations": iterations, "budget_s": args.budget})
+        results.update({"machine": machine, "iterations": iterations, "budget_s": args.budget, "produced": stamp})
         results.setdefault("libraries", {})
     with RedisServers(5) as servers:
         single = RedisServer().start()
@@ -397,6 +437,7 @@ def main(argv=None) -> dict:
                     "seconds": seconds,
                     "hold_ms": args.hold_ms,
                     "load_before": os.getloadavg()[0],  # other jobs on the machine skew this scenario most
+                    "produced": stamp,
                     "libraries": {},
                 }
                 results["contention"] = contention
@@ -414,10 +455,14 @@ def main(argv=None) -> dict:
 
 
 def write_outputs(
-    results: dict, args: argparse.Namespace, draw: Callable[[dict, str], None], tables: Callable[[dict], str]
+    results: dict,
+    args: argparse.Namespace,
+    draw: Callable[[dict, str], None],
+    tables: Callable[[dict], str],
+    write_json: bool = True,
 ) -> None:
     """Write what ``--json``, ``--plot`` and ``--rst`` asked for (``draw`` and ``tables`` make the last two)."""
-    if args.json_out:
+    if args.json_out and write_json:
         with open(args.json_out, "w") as fh:
             json.dump(results, fh, indent=2)
     if args.plot:
@@ -505,6 +550,8 @@ def rst_latency_table(results: dict) -> str:
         f"{results['iterations']} pairs per library and scenario; {machine['cpus']} CPUs, Python {machine['python']}, "
         f"{machine['platform']}. Budget per scenario: {results['budget_s']:.0f} s.",
         "",
+        stamp_line(results),
+        "",
     ]
     return "\n".join(lines)
 
@@ -547,6 +594,8 @@ def rst_contention_table(results: dict) -> str:
         f"redis-servers, Python {machine['python']}, {machine['platform']}."
         + (f" 1-minute load average when the run started: {contention['load_before']:.1f}."
            if "load_before" in contention else ""),
+        "",
+        stamp_line(contention),
         "",
     ]
     return "\n".join(lines)

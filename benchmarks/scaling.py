@@ -22,6 +22,11 @@ lock) and measures:
 
     python benchmarks/scaling.py [--iterations 2000] [--rtt-ms 1.0]
         [--json docs/scaling.json] [--plot docs/img/scaling.png] [--rst docs/scaling_table.rst]
+    python benchmarks/scaling.py --render-only --json docs/scaling.json --rst docs/scaling_table.rst
+
+The results record the date (UTC) and the command line of the run, and every
+generated table prints them. ``--render-only`` writes the tables (and plot)
+again from ``--json`` without measuring anything.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redis  # noqa: E402
 import redis.asyncio as aredis  # noqa: E402
-from bench import _percentile, _table_head, write_outputs  # noqa: E402
+from bench import _percentile, _table_head, render_only, run_stamp, stamp_line, write_outputs  # noqa: E402
 
 from django_redlock.core import AsyncLockManager, LockManager  # noqa: E402
 from django_redlock.testing import RedisServers  # noqa: E402
@@ -661,7 +666,8 @@ def rst_tables(results: dict) -> str:
               f"*fixed* and *per node* are the least-squares line through the medians, *client CPU* the same for the "
               f"benchmark process's CPU time per pair (``time.process_time``). {machine['cpus']} CPUs "
               f"shared by the client and the redis-servers, Python {machine['python']}, {machine['platform']}; "
-              f"1-minute load average when the run started: {results['load_before']:.1f}.", ""]
+              f"1-minute load average when the run started: {results['load_before']:.1f}.", "",
+              stamp_line(results), ""]
 
     lines = parts["overhead"]
     lines += _head("N", "non-blocking − floor (quorum)", "non-blocking − floor (all)", "blocking − floor (all)")
@@ -671,7 +677,7 @@ def rst_tables(results: dict) -> str:
     lines += ["", f"Against redis-py's single-node ``Lock``, at N = {reference}:", ""]
     for name, value in latency["ratio_to_redis_py"].items():
         lines.append(f"- {SERIES[name]}: {value['median']:.2f} × (median), {value['p99']:.2f} × (p99)")
-    lines.append("")
+    lines += ["", stamp_line(results), ""]
 
     lines = parts["async"]
     lines += _table_head("acquire+release, median", "p99")
@@ -682,7 +688,7 @@ def rst_tables(results: dict) -> str:
     if "floor_ratio" in results["async"]:
         value = results["async"]["floor_ratio"]
         lines += [f"The floor's own ratio: {value['median']:.2f} × (median), {value['p99']:.2f} × (p99)."]
-    lines.append("")
+    lines += ["", stamp_line(results), ""]
 
     memory = results["memory"]
     lines = parts["memory"]
@@ -695,7 +701,7 @@ def rst_tables(results: dict) -> str:
         "   * - redis-py ``Lock``, 1 node", "     - –", f"     - {memory['redis_py_per_lock_bytes']:,.0f} B",
         "   * - redis-py asyncio ``Lock``, 1 node", "     - –", f"     - {memory['redis_py_async_per_lock_bytes']:,.0f} B",
         "", f"tracemalloc, after ``gc.collect()``; {memory['locks']:,} locks held at once, the list holding them "
-        "included (8 B a lock).", "",
+        "included (8 B a lock).", "", stamp_line(results), "",
     ]
 
     rtt = results.get("rtt")
@@ -716,7 +722,8 @@ def rst_tables(results: dict) -> str:
         lines += ["", f"Every node behind its own delay-line proxy process; *+0* is the same proxies without delay. "
                   f"Round trip added, measured: {rtt['measured_rtt_us']:,.0f} µs. {rtt['iterations']:,} pairs per "
                   f"point. django-redlock at N = {max(RTT_NODE_COUNTS)} against redis-py's single node: "
-                  f"{at['0']['median']:.2f} × without delay, {at['rtt']['median']:.2f} × with it (medians).", ""]
+                  f"{at['0']['median']:.2f} × without delay, {at['rtt']['median']:.2f} × with it (medians).", "",
+                  stamp_line(results), ""]
     else:
         lines += ["(not measured in this run: see ``--rtt-ms``)", ""]
     failed = failures(results)
@@ -825,7 +832,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--plot")
     parser.add_argument("--rst", help="write the tables as reStructuredText (for the docs)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few iterations and locks, N = 1, 3")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: write --rst and --plot from the results already in --json")
     args = parser.parse_args(argv)
+    if args.render_only:
+        return render_only(args, plot, rst_tables)
     counts = (1, 3) if args.quick else NODE_COUNTS
     iterations = min(args.iterations, 50) if args.quick else args.iterations
     warmup = min(args.warmup, 10) if args.quick else args.warmup
@@ -837,6 +848,7 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup": warmup,
         "node_counts": list(counts),
         "load_before": os.getloadavg()[0],  # other jobs on the 2 cores skew every number here
+        "produced": run_stamp("scaling.py", argv),
     }
     with RedisServers(max(NODE_COUNTS) + 1) as servers:
         single_url = servers.urls[-1]

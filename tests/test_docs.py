@@ -20,3 +20,22 @@ def test_docs_build_without_warnings(tmp_path):
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_demo_variables_are_documented():
+    """Every DEMO_* variable the demo reads is in install.rst's "The demo" table, with its default."""
+    import re
+
+    sources = [ROOT / "example_project" / "run_demo.py", ROOT / "example_project" / "demo" / "settings.py"]
+    read = {}
+    for path in sources:
+        for name, default in re.findall(r'os\.environ\.get\("(DEMO_\w+)"(?:, "([^"]*)")?', path.read_text()):
+            read[name] = default
+    assert {"DEMO_HOST", "DEMO_PORT", "DEMO_REDIS_PORTS", "DEMO_SINGLE_NODE", "DEMO_DB"} <= set(read)
+    install = (ROOT / "docs" / "install.rst").read_text()
+    section = install[install.index(".. _demo:"):]
+    rows = dict(re.findall(r"\* - ``(DEMO_\w+)``\n\s+- (\S+)", section))
+    for name, default in read.items():
+        assert name in rows, f"{name} is read by the demo but not documented in docs/install.rst"
+        if default:
+            assert rows[name] == f"``{default}``", (name, rows[name], default)
