@@ -162,6 +162,21 @@ def _locked_response_errors(value: Any) -> list[Any]:
     return [Error(text, hint=Hints.LOCKED_RESPONSE, id=Codes.OPTIONS)]
 
 
+def _hooks_errors() -> list[Any]:
+    """REDLOCK['HOOKS'] resolved as the managers resolve it: each entry imports and is a Hooks."""
+    from django_redlock.manager import configured_hooks
+
+    try:
+        configured_hooks()
+    except ImproperlyConfigured as exc:
+        text = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a module that raised while importing: report it, do not crash check
+        text = f"REDLOCK['HOOKS'] cannot be imported: {type(exc).__name__}: {exc}"
+    else:
+        return []
+    return [Error(text, hint="Fix REDLOCK['HOOKS'].", id=Codes.OPTIONS)]
+
+
 def _server(node: Any) -> str:
     if node.path:
         return f"unix:{node.path}"
@@ -195,7 +210,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors: list[Any] = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
     if not problems:
         config = conf.get_config()
-        errors += _max_ttl_errors(config) + _locked_response_errors(config["LOCKED_RESPONSE"])
+        errors += _max_ttl_errors(config) + _locked_response_errors(config["LOCKED_RESPONSE"]) + _hooks_errors()
     nodes, node_errors = _node_errors()
     errors += node_errors
     if node_errors or problems:

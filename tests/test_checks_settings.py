@@ -135,3 +135,24 @@ def test_a_module_that_fails_to_import_is_reported_not_raised(settings, tmp_path
     messages = check_settings()
     assert [m.id for m in messages] == [Codes.OPTIONS]
     assert "REDLOCK['LOCKED_RESPONSE']" in messages[0].msg and "boom at import" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("django_redlock.metrics.PrometheusHooks", "must be a list"),
+        (["no.such.Hooks"], "cannot be imported"),
+        ([42], "must name a django_redlock.core.Hooks"),
+        (["tests.test_checks_settings.locked_view"], "must name a django_redlock.core.Hooks"),
+    ],
+)
+def test_hooks_that_cannot_be_used_fail_check(settings, value, expected):
+    settings.REDLOCK = {"RESTART_WINDOW": 0, "HOOKS": value}
+    messages = check_settings()
+    assert [m.id for m in messages] == [Codes.OPTIONS], messages
+    assert "REDLOCK['HOOKS']" in messages[0].msg and expected in messages[0].msg
+
+
+def test_hooks_that_can_be_used_pass_check(settings):
+    settings.REDLOCK = {"RESTART_WINDOW": 0, "HOOKS": ["django_redlock.core.Hooks"]}
+    assert check_settings() == []
