@@ -66,4 +66,6 @@ def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
     manager.close()
     assert out_of_step == [], f"connections waiting for replies that will never come: {out_of_step}"
     assert wrong == 0, f"{wrong} replies answered another command"
+    # Nor is the thread's engine-call depth left off: a command's stop would be deferred forever.
+    assert steps.engine_calls.depth == 0
     assert replies == [b"after"] * len(servers), replies

@@ -488,14 +488,16 @@ class LockContext(ContextBase[Lock]):
     manager: LockManager
 
     def __enter__(self) -> Lock:
-        steps.engine_calls.depth += 1  # until the with block owns the lock: a stop here would leave it
+        calls = steps.engine_calls
+        outer = calls.depth
         try:
+            calls.depth = outer + 1  # until the with block owns the lock: a stop here would leave it
             lock = self.manager.acquire(self.resource, **self._acquire_options())
             self._entered(lock)
             return lock
         finally:
-            # Not leave(): a stop sent again here could land before the with block owns the lock.
-            steps.engine_calls.depth -= 1
+            # Set back, not leave(): a stop sent again here could land before the with block owns the lock.
+            calls.depth = outer
 
     def leave(self, raised: bool = False) -> LockLost | None:
         """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,

@@ -410,10 +410,15 @@ class EngineCalls(threading.local):
     #: Called once when the depth is back to 0 (a deferred stop is sent again at that moment).
     on_leave: Callable[[], None] | None = None
 
-    def leave(self) -> None:
-        """The end of an engine call."""
-        self.depth -= 1
-        if not self.depth and self.on_leave is not None:
+    def left(self) -> None:
+        """An outermost engine call ended (the depth is back to 0): send a deferred stop again.
+
+        Callers set the depth back themselves, first thing in their ``finally`` and with no call
+        before it: Python runs signal handlers at calls (and loops), so an exception raised by one
+        (a KeyboardInterrupt, a SIGALRM timeout) lands before or after that store, never between
+        entering a function and the store. A depth left off for good would defer a command's
+        stop forever."""
+        if self.on_leave is not None:
             on_leave, self.on_leave = self.on_leave, None
             on_leave()
 
@@ -455,8 +460,9 @@ def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
     """Drive ``step`` with ``perform(effect) -> result`` on this thread, as one engine call
     (see :class:`EngineCalls`); exceptions from ``perform`` are thrown into it."""
     calls = engine_calls
-    calls.depth += 1
+    outer = calls.depth
     try:
+        calls.depth = outer + 1
         run = Run(step)
         while run.going:
             effect = run.effect
@@ -476,4 +482,6 @@ def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
             run.resume(result, error)
         return run.value
     finally:
-        calls.leave()
+        calls.depth = outer  # first, no call before it (see EngineCalls.left)
+        if not outer:
+            calls.left()
