@@ -82,7 +82,7 @@ def identify_server(binary: str | None = None) -> ServerIdentity:
     binary = binary or find_redis_server()
     server = RedisServer(binary=binary).start()
     try:
-        with redis.Redis(port=server.port, socket_timeout=5) as client:
+        with redis.Redis(port=server.port or 0, socket_timeout=5) as client:
             info = client.info("server")
     finally:
         server.stop()
