@@ -8,6 +8,7 @@ fail when the binary is not the one asked for, and check what the library report
 from __future__ import annotations
 
 import io
+import json
 import stat
 
 import pytest
@@ -79,6 +80,11 @@ def test_redlock_status_prints_the_server_and_its_version(redlock_settings, iden
     out = io.StringIO()
     call_command("redlock", "status", stdout=out)
     assert f"{identity.product} {identity.version}" in out.getvalue()
+    out = io.StringIO()
+    call_command("redlock", "status", "--json", stdout=out)
+    nodes = json.loads(out.getvalue())
+    nodes = nodes["nodes"] if isinstance(nodes, dict) else nodes
+    assert {(n["server"], n["version"]) for n in nodes} == {(identity.product, identity.version)}
 
 
 def test_the_restart_probe_reads_the_same_fields_on_this_server(servers):
