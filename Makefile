@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-matrix torture simulate bench bench-contention bench-scaling soak-memory docs clean
+.PHONY: demo test test-fast test-matrix test-servers torture simulate bench bench-contention bench-scaling soak-memory docs clean
 
 demo:  ## run the example project on 5 local Redis masters
 	@VENV=$(VENV) sh scripts/setup.sh demo
@@ -20,6 +20,11 @@ test-fast:  ## the suite without the browser and torture tests
 test-matrix:  ## the suite on Python 3.12 + Django 6 and Python 3.10 + Django 4.2, when installed
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@sh scripts/matrix.sh
+
+SERVERS ?=
+test-servers:  ## the engine and safety tests on Redis 6.2, Redis 7.x and Valkey 8.x (SERVERS="valkey 8": one of them)
+	@VENV=$(VENV) sh scripts/setup.sh test,servers
+	@$(PY) scripts/test_servers.py $(if $(SERVERS),"$(SERVERS)")
 
 torture:  ## the long fault-injection run
 	@VENV=$(VENV) sh scripts/setup.sh test

@@ -154,13 +154,16 @@ def resolve_node(node: Any, index: int) -> Any:
 
 
 def cache_client(alias: str, index: int) -> Any:
-    """The redis-py client behind a django-redis cache (its pool settings, no second config)."""
+    """The client behind a Redis or Valkey cache (its pool settings, no second config): Django's
+    own RedisCache, django-redis, or django-valkey (sync or asyncio)."""
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r} "
             f"(known: {', '.join(sorted(caches)) or 'none'})."
         )
+    import inspect
+
     from django.core.cache import caches as django_caches
     from django.core.cache.backends.redis import RedisCache
 
@@ -168,15 +171,20 @@ def cache_client(alias: str, index: int) -> Any:
     get_client: Any
     if isinstance(cache, RedisCache):  # Django's own Redis backend
         servers, get_client = getattr(cache, "_servers", []), cache._cache.get_client
-    else:  # django-redis
+    else:  # django-redis, django-valkey
         client = getattr(cache, "client", None)
         get_client = getattr(client, "get_client", None)
         servers = getattr(client, "_server", None) or []
-    if get_client is None:
+        factory = getattr(client, "connection_factory", None)
+        if inspect.iscoroutinefunction(get_client) and factory is not None and servers:
+            # django-valkey's asyncio cache hands out clients in a coroutine: build its pool as it does.
+            pool = factory.get_or_create_connection_pool(factory.make_connection_params(servers[0]))
+            get_client = lambda write: factory.base_client_cls(connection_pool=pool)  # noqa: E731
+    if get_client is None or inspect.iscoroutinefunction(get_client):
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a Redis cache "
             f"(BACKEND = {caches[alias].get('BACKEND')!r}); use 'django.core.cache.backends.redis.RedisCache', "
-            "'django_redis.cache.RedisCache' or a URL."
+            "'django_redis.cache.RedisCache', 'django_valkey.cache.ValkeyCache' or a URL."
         )
     if len(servers) > 1:
         raise ImproperlyConfigured(

@@ -14,10 +14,24 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
-__all__ = ["RedisServer", "RedisServers", "find_redis_server", "free_port"]
+__all__ = [
+    "RedisServer",
+    "RedisServers",
+    "ServerIdentity",
+    "expected_server",
+    "find_redis_server",
+    "free_port",
+    "identify_server",
+    "identity_from_info",
+]
+
+#: Which server the tests must run on, e.g. ``"redis 6.2"`` or ``"valkey 8"`` (a product and a
+#: version prefix); unset: whatever :func:`find_redis_server` finds.
+EXPECT_ENV = "REDLOCK_TEST_SERVER"
 
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it (Debian/Ubuntu: "
@@ -27,11 +41,57 @@ INSTALL_HINT = (
 
 
 def find_redis_server() -> str:
-    """Return the path of the redis-server binary, or raise with install advice."""
+    """Return the server binary: ``$REDIS_SERVER`` (any redis-server or valkey-server), else
+    ``redis-server`` on PATH; raise with install advice when there is none."""
     path = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not path:
         raise RuntimeError(INSTALL_HINT)
+    if os.sep in path and not os.access(path, os.X_OK):
+        raise RuntimeError(f"REDIS_SERVER is {path!r}, which is not an executable file.")
     return path
+
+
+class ServerIdentity(NamedTuple):
+    """What a server binary says it is in ``INFO server``."""
+
+    product: str  # "redis" or "valkey"
+    version: str  # e.g. "7.0.15"; Valkey's own version, not the Redis version it mimics
+    binary: str
+
+    def __str__(self) -> str:
+        return f"{self.product} {self.version} ({self.binary})"
+
+    def matches(self, wanted: str) -> bool:
+        """Whether this is ``wanted``: ``"valkey"``, ``"redis 7"``, ``"redis 6.2"``, ``"valkey 8.1.8"``."""
+        product, _, version = wanted.strip().lower().partition(" ")
+        version = version.strip()
+        return product == self.product and (not version or f"{self.version}.".startswith(f"{version}."))
+
+
+def identity_from_info(info: Mapping[str, object], binary: str = "") -> ServerIdentity:
+    """The product and version in an ``INFO server`` reply (Valkey also reports a Redis version)."""
+    if info.get("server_name") == "valkey" or "valkey_version" in info:
+        return ServerIdentity("valkey", str(info.get("valkey_version", "?")), binary)
+    return ServerIdentity("redis", str(info.get("redis_version", "?")), binary)
+
+
+def identify_server(binary: str | None = None) -> ServerIdentity:
+    """Start ``binary`` (default: :func:`find_redis_server`) for a moment and ask it ``INFO server``."""
+    import redis
+
+    binary = binary or find_redis_server()
+    server = RedisServer(binary=binary).start()
+    try:
+        with redis.Redis(port=server.port or 0, socket_timeout=5) as client:
+            info = client.info("server")
+    finally:
+        server.stop()
+    return identity_from_info(info, binary)
+
+
+def expected_server() -> str | None:
+    """``$REDLOCK_TEST_SERVER``: the server the tests were asked to run on (None: any)."""
+    return os.environ.get(EXPECT_ENV) or None
 
 
 def free_port() -> int:
@@ -62,8 +122,11 @@ class RedisServer:
         workdir: str | None = None,
         password: str | None = None,
         tls: tuple[str, str, str] | None = None,
+        binary: str | None = None,
     ) -> None:
-        """``tls`` is ``(cert file, key file, CA file)``: also listen with TLS on :attr:`tls_port`."""
+        """``tls`` is ``(cert file, key file, CA file)``: also listen with TLS on :attr:`tls_port`.
+        ``binary``: the server to run (default: :func:`find_redis_server`)."""
+        self.binary = binary
         self.port = port
         self.tls = tls
         self.tls_port: int | None = None
@@ -100,7 +163,7 @@ class RedisServer:
     # -- life cycle ------------------------------------------------------
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and return once it answers PING."""
-        binary = find_redis_server()
+        binary = self.binary or find_redis_server()
         for _attempt in range(5):
             port = self.port or free_port()
             args = [
@@ -139,7 +202,7 @@ class RedisServer:
             self._reap()
             if self.port:  # a fixed port that will not come up: do not wander off it
                 break
-        raise RuntimeError(f"redis-server did not start on port {self.port or 'any'}; see {self.workdir}")
+        raise RuntimeError(f"{binary} did not start on port {self.port or 'any'}; see {self.workdir}")
 
     def _ready(self, port: int) -> bool:
         if not self.password:

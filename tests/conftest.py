@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from django_redlock.core import LockManager, ledger
-from django_redlock.testing import RedisServers, find_redis_server
+from django_redlock.testing import RedisServers, expected_server, find_redis_server, identify_server
 
 
 def on_nodes(servers, command, resource):
@@ -30,6 +30,17 @@ def on_nodes(servers, command, resource):
         with redis.Redis.from_url(s.url, socket_timeout=2) as c:
             out.append(getattr(c, command)(f"redlock:lock:{resource}"))
     return out
+
+
+def pytest_report_header(config):
+    """The server the suite runs on, as it reports itself (``make test-servers`` runs several)."""
+    try:
+        identity = identify_server()
+    except RuntimeError as exc:
+        return f"server: none ({exc})"
+    wanted = expected_server()
+    mismatch = f"  NOT the {wanted!r} asked for" if wanted and not identity.matches(wanted) else ""
+    return f"server: {identity}{mismatch}"
 
 
 @pytest.fixture(scope="session")

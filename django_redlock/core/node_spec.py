@@ -1,6 +1,6 @@
 """What a node is, before any connection: its settings, its name, and how its failures read.
 
-Node specs (a URL, a redis-py client, or ``{"URL", "OPTIONS", "FSYNC_ALWAYS"}``)
+Node specs (a URL, a redis-py or valkey-py client, or ``{"URL", "OPTIONS", "FSYNC_ALWAYS"}``)
 become a :class:`NodeConfig`: redis-py connection settings built with the node
 timeout as socket timeout, no retries and no handshake round trips that are
 not needed, with credentials kept out of every message. Both drivers build on
@@ -33,7 +33,7 @@ __all__ = ["SCHEMES", "NodeConfig", "NodeSpec", "config_from_spec", "describe", 
 
 SCHEMES = ("redis", "rediss", "unix")
 
-NodeSpec = Any  # str URL | redis.Redis | Mapping with "URL"/"OPTIONS"
+NodeSpec = Any  # str URL | redis.Redis | valkey.Valkey | Mapping with "URL"/"OPTIONS"
 
 
 def _redact(text: str, secrets: Sequence[str]) -> str:
@@ -45,14 +45,7 @@ def _redact(text: str, secrets: Sequence[str]) -> str:
 
 def _handshake_off(connection_class: type) -> dict[str, Any]:
     """Keyword arguments that stop redis-py's optional round trips on connect."""
-    params: set[str] = set()
-    for klass in getattr(connection_class, "__mro__", (connection_class,)):
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            try:
-                params.update(inspect.signature(init).parameters)
-            except (TypeError, ValueError):  # pragma: no cover
-                pass
+    params = _init_params(connection_class)
     off: dict[str, Any] = {}
     if "driver_info" in params:
         off["driver_info"] = None
@@ -211,7 +204,7 @@ N = TypeVar("N", bound=NodeConfig)
 
 
 def parse_specs(specs: Any, node_timeout: float, argument: str, make: type[N]) -> list[N]:
-    """Turn URLs, redis-py clients or ``{"URL", "OPTIONS"}`` mappings into nodes."""
+    """Turn URLs, redis-py or valkey-py clients or ``{"URL", "OPTIONS"}`` mappings into nodes."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, (Sequence, set, frozenset, tuple)):
         if isinstance(specs, Mapping) or isinstance(specs, (str, bytes)) or isinstance(specs, redis.Redis):
             raise ValueError(f"{argument} must be a list of nodes, not a single {type(specs).__name__}.")
@@ -231,6 +224,9 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
     if isinstance(spec, redis.Redis):
         pool = spec.connection_pool
         return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
+    if is_valkey_client(spec):
+        connection_class, kwargs = valkey_settings(spec.connection_pool, where)
+        return make(connection_class, kwargs, node_timeout=node_timeout)
     if isinstance(spec, Mapping):
         lowered = {str(k).lower(): v for k, v in spec.items()}
         unknown = set(lowered) - {"url", "options", "fsync_always"}
@@ -252,8 +248,52 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
             )
         return _from_url(url, dict(options), node_timeout, where, make, fsync_always)
     raise ValueError(
-        f"{where}: expected a Redis URL string, a redis.Redis client or a dict with 'URL'; got {type(spec).__name__}."
+        f"{where}: expected a Redis URL string, a redis.Redis or valkey.Valkey client or a dict with 'URL'; "
+        f"got {type(spec).__name__}."
     )
+
+
+#: valkey-py's connection classes (sync and asyncio share the names) and redis-py's for the same server.
+_VALKEY_CONNECTIONS = {
+    "Connection": redis.Connection,
+    "SSLConnection": redis.SSLConnection,
+    "UnixDomainSocketConnection": redis.UnixDomainSocketConnection,
+}
+#: valkey-py settings that redis-py cannot use (the node sets its own parser, retries and handshake).
+_VALKEY_ONLY = {
+    "parser_class", "retry", "retry_on_error", "cache", "cache_config", "event_dispatcher", "lib_name", "lib_version"
+}
+
+
+def is_valkey_client(spec: Any) -> bool:
+    """A client of valkey-py (the redis-py fork that django-valkey uses), sync or asyncio."""
+    return type(spec).__module__.split(".")[0] == "valkey" and hasattr(spec, "connection_pool")
+
+
+def valkey_settings(pool: Any, where: str) -> tuple[type, dict[str, Any]]:
+    """A valkey-py connection pool's settings as redis-py's: the same server, password and TLS."""
+    name = getattr(pool, "connection_class", type(None)).__name__
+    connection_class = _VALKEY_CONNECTIONS.get(name)
+    if connection_class is None:
+        raise ValueError(
+            f"{where}: a valkey-py client with {name} connections (Sentinel or cluster) cannot be a node; "
+            "Redlock needs one independent master per node: give its address."
+        )
+    accepted = _init_params(connection_class)
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _VALKEY_ONLY}
+    return connection_class, kwargs
+
+
+def _init_params(connection_class: type) -> set[str]:
+    params: set[str] = set()
+    for klass in getattr(connection_class, "__mro__", (connection_class,)):
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            try:
+                params.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):  # pragma: no cover
+                pass
+    return params - {"self", "args", "kwargs"}
 
 
 def _from_url(

@@ -329,6 +329,7 @@ class NodeStatus:
     latency: float | None = None
     role: str | None = None
     run_id: str | None = None
+    #: The server's own version (Valkey's, not the Redis version Valkey also reports).
     version: str | None = None
     uptime: float | None = None
     host: str | None = None
@@ -346,3 +347,5 @@ class NodeStatus:
     fsync_declared: bool = False
     #: What weakens the rule at this node although it votes (INFO replication refused), None: nothing.
     warning: str | None = None
+    #: Which server answers: "redis" or "valkey" (None when INFO was not read).
+    server: str | None = None

@@ -181,7 +181,7 @@ class LockManager(ManagerBase):
     """Acquire Redlock locks on a set of independent Redis masters.
 
     ``nodes`` are Redis URLs (``redis://``, ``rediss://``, ``unix://``),
-    redis-py clients, or mappings ``{"URL": ..., "OPTIONS": {...},
+    redis-py or valkey-py clients, or mappings ``{"URL": ..., "OPTIONS": {...},
     "FSYNC_ALWAYS": bool}``; list each independent master once. Nothing
     connects until the first call, and a node that is down at start-up only
     counts as a failed vote. The keyword arguments (``REDLOCK`` keys in

@@ -175,7 +175,7 @@ class Command(BaseCommand):
             )
         else:
             line = (
-                f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role or '?':<7} {latency}  redis {s.version}  "
+                f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role or '?':<7} {latency}  {s.server or 'redis'} {s.version}  "
                 f"up {s.uptime or 0:.0f}s  {persistence}  run {s.run_id[:12] if s.run_id else '?'}"
             )
         if not s.votes:
@@ -265,6 +265,7 @@ def status_json(status: Any) -> dict[str, Any]:
         "latency_ms": round(status.latency * 1000, 3) if status.latency is not None else None,
         "run_id": status.run_id,
         "version": status.version,
+        "server": status.server,
         "uptime": status.uptime,
         "persistence": status.persistence,
         "sits_out_for": status.sits_out_for,
