@@ -22,7 +22,7 @@ from django.http.response import HttpResponseBase
 from rest_framework.exceptions import APIException
 from rest_framework.views import exception_handler as default_exception_handler
 
-from django_redlock.adapters.answers import (
+from django_redlock.adapters.texts import (
     LOCKED_DETAIL,
     LOST_DETAIL,
     UNAVAILABLE_DETAIL,

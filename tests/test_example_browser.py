@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -24,11 +23,13 @@ def page_html(name: str) -> str:
 
 
 @pytest.fixture
-def browser():
+def browser(monkeypatch):
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium); 'make test' installs it as root")
     playwright = pytest.importorskip("playwright.sync_api")
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
+    # Playwright's sync API runs an event loop; set for this test only (a subprocess started later
+    # by another test would inherit it: Django's deploy check refuses it).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         yield browser

@@ -4,7 +4,6 @@ REST framework exceptions instead (:mod:`django_redlock.rest_framework`), render
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,9 +14,17 @@ from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.utils.module_loading import import_string
 from django.utils.translation import get_language
-from django.utils.translation import gettext_lazy as _
 
 from django_redlock import conf
+from django_redlock.adapters.texts import (
+    LOCKED_DETAIL,
+    LOCKED_TITLE,
+    LOST_DETAIL,
+    LOST_TITLE,
+    UNAVAILABLE_DETAIL,
+    UNAVAILABLE_TITLE,
+    retry_after_seconds,
+)
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = [
@@ -106,16 +113,6 @@ def wants_json(request: HttpRequest) -> bool:
 
 
 # -- the bodies -------------------------------------------------------------------
-
-LOCKED_TITLE = _("Locked")
-LOCKED_DETAIL = _("Someone else is working on this right now. Please try again shortly.")
-UNAVAILABLE_TITLE = _("Lock service unavailable")
-UNAVAILABLE_DETAIL = _("The lock service cannot be reached right now. Please try again shortly.")
-LOST_TITLE = _("Lock lost")
-LOST_DETAIL = _(
-    "The lock this request held was lost before its work was done, so the work may have overlapped "
-    "another. Please check the outcome before trying again."
-)
 
 
 def problem_type(code: str) -> str:
@@ -237,13 +234,6 @@ def roll_back_request() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.settings_dict.get("ATOMIC_REQUESTS") and connection.in_atomic_block:
             connection.set_rollback(True)
-
-
-def retry_after_seconds(error: LockNotAcquired) -> int:
-    """Whole seconds until the lock may be free (at least 1): the ``Retry-After`` of the answer."""
-    if error.retry_after is None:
-        return 1
-    return max(1, math.ceil(error.retry_after))
 
 
 def locked_handler(on_locked: Callable[..., HttpResponse] | str | None) -> Callable[..., HttpResponse]:

@@ -263,10 +263,7 @@ class AsyncLockManager(ManagerBase):
         """Do what a step asks for, on the running loop: the one place the async engine meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            timeout = effect.timeout or self.config.node_timeout
-            if self.config.watches_nodes:
-                return self._seen(effect, await afanout(self.anodes, self._timed(effect), timeout))
-            return await afanout(self.anodes, effect, timeout)
+            return self._fanned(effect, await afanout(self.anodes, *self._fan(effect)))
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
             return None

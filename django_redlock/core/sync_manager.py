@@ -155,17 +155,19 @@ class ManagerBase:
     def _forget(self, lock: Any) -> None:
         """Stop watching ``lock`` (released); the async keep-alive tasks watch ``lock.released`` themselves."""
 
-    def _timed(self, fan: steps.Fan) -> steps.Fan:
-        """``fan``, set to time each node's reply (not a vote's wait in line), for the ``nodes_seen`` hook."""
-        if fan.timings is None and fan.block is None:
+    def _fan(self, fan: steps.Fan) -> tuple[steps.Fan, float]:
+        """What a driver's fan-out is given for ``fan``: the fan, set to time each node's reply (not a
+        vote's wait in line) when a hook watches the nodes, and its timeout."""
+        if self.config.watches_nodes and fan.timings is None and fan.block is None:
             fan.timings = [None] * len(self.node_list)
-        return fan
+        return fan, fan.timeout or self.config.node_timeout
 
-    def _seen(self, fan: steps.Fan, results: list[Any]) -> list[Any]:
-        """Tell the ``nodes_seen`` hook what a round's ``results`` show of each node; returns them."""
+    def _fanned(self, fan: steps.Fan, results: list[Any]) -> list[Any]:
+        """A fan-out's ``results``, told to the ``nodes_seen`` hook when one watches the nodes."""
         config = self.config
-        seen = status.seen_of(self.nodes, results, fan.timings, fan.restart_window, config.restart_window > 0)
-        base.call_hook(config.hooks, "nodes_seen", seen)
+        if config.watches_nodes:
+            seen = status.seen_of(self.nodes, results, fan.timings, fan.restart_window, config.restart_window > 0)
+            base.call_hook(config.hooks, "nodes_seen", seen)
         return results
 
     def key(self, resource: str) -> str:
@@ -345,10 +347,7 @@ class LockManager(ManagerBase):
         meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            timeout = effect.timeout or self.config.node_timeout
-            if self.config.watches_nodes:
-                return self._seen(effect, fanout(self.node_list, self._timed(effect), timeout))
-            return fanout(self.node_list, effect, timeout)
+            return self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
             return None

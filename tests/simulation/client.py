@@ -112,39 +112,51 @@ class SimClient:
     # -- driving steps -----------------------------------------------------------------
 
     def run(self, step: steps.Step, done: Callable[[Any, BaseException | None], None]) -> None:
-        """Drive ``step`` to its end, then call ``done(result, error)``."""
-        self._advance(step, done, None, None)
+        """Drive ``step`` to its end (a :class:`~django_redlock.core.steps.Run`, as the engine's drivers
+        do), then call ``done(result, error)``."""
+        try:
+            run = steps.Run(step)
+        except BaseException as exc:  # noqa: BLE001 - the operation's own outcome (LockNotAcquired...)
+            done(None, exc)
+            return
+        self._drive(run, done)
 
-    def _advance(self, step: steps.Step, done: Callable[..., None], value: Any, error: BaseException | None) -> None:
-        while True:
-            try:
-                effect = step.throw(error) if error is not None else step.send(value)
-            except StopIteration as stop:
-                done(stop.value, None)
-                return
-            except BaseException as exc:  # noqa: BLE001 - the operation's own outcome (LockNotAcquired...)
-                done(None, exc)
-                return
-            value, error = None, None
+    def _resume(self, run: steps.Run, done: Callable[..., None], value: Any) -> None:
+        """Hand ``run`` the result of what it waited for, or the cancellation delivered meanwhile."""
+        try:
+            run.resume(value, self.cancelled.pop(id(run.step), None))
+        except BaseException as exc:  # noqa: BLE001 - the operation's own outcome
+            done(None, exc)
+            return
+        self._drive(run, done)
+
+    def _drive(self, run: steps.Run, done: Callable[..., None]) -> None:
+        """Perform ``run``'s effects until one must wait (a round, a sleep) or it ends."""
+        while run.going:
+            effect = run.effect
             kind = type(effect)
+            value: Any = None
             if effect is steps.NOW:
                 value = self.proc.now()
             elif effect is steps.WALL:
                 # Wall clocks are set (NTP), not free-running: true time plus this host's error.
                 value = int((self.world.now + self.wall_offset) * 1_000_000)
             elif kind is steps.Sleep:
-                self.proc.after_local(effect.seconds, self._woke, step, done)
+                self.proc.after_local(effect.seconds, self._resume, run, done, None)
                 return
             elif kind is steps.Background:
                 self.fan(effect.fan, lambda results: None)
             elif kind is steps.Fan:
-                self.fan(effect, lambda results: self._advance(step, done, results, self.cancelled.pop(id(step), None)))
+                self.fan(effect, lambda results: self._resume(run, done, results))
                 return
             else:
                 raise TypeError(f"unknown step effect {effect!r}")
-
-    def _woke(self, step: steps.Step, done: Callable[..., None]) -> None:
-        self._advance(step, done, None, self.cancelled.pop(id(step), None))
+            try:
+                run.resume(value, None)
+            except BaseException as exc:  # noqa: BLE001 - the operation's own outcome
+                done(None, exc)
+                return
+        done(run.value, None)
 
     # -- a workload ---------------------------------------------------------------------------
 
