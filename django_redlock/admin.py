@@ -92,7 +92,7 @@ class _Query:
             )
             state = ""
         refresh = get.get("refresh", "")
-        seconds = int(refresh) if refresh.isdigit() and int(refresh) in REFRESH_SECONDS else 0
+        seconds = next((s for s in REFRESH_SECONDS if refresh == str(s)), 0)  # not int(): "²".isdigit() is True
         if refresh and not seconds and refresh != "0":
             errors.append(
                 _("Unknown auto-refresh %(refresh)r in the address: expected one of %(seconds)s (seconds).")

@@ -298,6 +298,13 @@ def test_an_unknown_state_or_refresh_in_the_address_says_what_was_expected(admin
     assert "still-listed" in states_shown(page) and 'data-refresh-seconds="0"' in page
 
 
+@pytest.mark.parametrize("refresh", ["²", "①", "٥", "05", " 5", "-5"])
+def test_a_refresh_that_is_not_one_of_the_intervals_is_named_not_a_500(admin_client, refresh):
+    response = admin_client.get(reverse(LIST), {"refresh": refresh})
+    assert response.status_code == 200
+    assert "Unknown auto-refresh" in response.content.decode() and 'data-refresh-seconds="0"' in response.content.decode()
+
+
 def action_post(client, resources, path=None, **extra):
     return client.post(path or reverse(LIST), {"action": ACTION, "index": "0", "_selected_action": resources, **extra})
 

@@ -575,3 +575,48 @@ def test_the_stop_never_lands_inside_the_command_s_own_lock_calls(servers):
             left.append((run, holding))
             get_lock_manager().force_release("items-item")
     assert left == [], f"the item's key was left on the nodes after (run, nodes): {left}"
+
+
+@pytest.mark.parametrize("call", ["acquire", "adopt"])
+def test_a_stop_deferred_during_acquire_lands_after_the_caller_has_the_lock(servers, call):
+    """A SIGTERM that reaches a locked command while it is inside ``acquire()`` (or ``adopt()``)
+    is sent again when the call is over: not before the caller holds the lock it can release."""
+    import threading
+
+    from django_redlock.adapters.stop import Guard, Stop
+    from django_redlock.core import Hooks, LockManager
+
+    fire = []
+
+    class Signal(Hooks):
+        def nodes_seen(self, seen):  # inside the call's round: as a SIGTERM arriving then
+            if fire:
+                fire.clear()
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    manager = LockManager(servers.urls, ttl=20, restart_window=0, node_timeout=0.5, hooks=Signal())
+    token = None
+    if call == "adopt":
+        held = manager.acquire("deferred-item", blocking=False)
+        token, resources = held.token, held.resources
+    guard = Guard(threading.Event(), True)
+    guard.install()
+    got = None
+    try:
+        with pytest.raises(Stop):
+            try:
+                fire.append(True)
+                if call == "acquire":
+                    got = manager.acquire("deferred-item", blocking=False)
+                else:
+                    got = manager.adopt(resources, token)
+                time.sleep(5)  # the stop lands here, once the caller has its lock
+            finally:
+                guard.disarm()
+                if got is not None:
+                    got.release()
+    finally:
+        guard.restore()
+        manager.close()
+    assert got is not None, "the stop came out of the call: its caller never got the lock"
+    assert not get_lock_manager().is_locked("deferred-item")

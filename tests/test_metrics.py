@@ -466,3 +466,34 @@ def test_opentelemetry_global_provider_set_after_the_hooks(servers):
         assert otel_read(reader).count("acquire", outcome="acquired") == 1
     finally:
         provider.shutdown()
+
+
+def test_a_forked_child_does_not_take_its_parent_s_locks_off_the_gauge():
+    """The child drops the copy of a lock it inherited: the parent's count stays, and the child's
+    own (a file of its own in prometheus_client's multiprocess mode) does not go below 0."""
+    import gc
+    import os
+
+    from django_redlock.metrics.common import HeldLocks
+    from tests.test_lock_lifecycle import wait_child
+
+    class Held:  # stands for a lock: only its identity matters here
+        pass
+
+    changes: list[int] = []
+    held = HeldLocks(lambda group, step: changes.append(step))
+    lock = Held()
+    held.add(lock, None)
+    pid = os.fork()
+    if pid == 0:  # the child: drop the inherited lock, then report what it counted
+        code = 0
+        try:
+            del lock
+            gc.collect()
+            held.add(Held(), None)  # a lock event settles what was collected
+            code = 0 if changes == [1, 1] else 1
+        finally:
+            os._exit(code)
+    assert wait_child(pid, 10.0) == 0, "the child took its parent's lock off its count"
+    held.discard(lock)
+    assert changes == [1, -1]

@@ -491,13 +491,12 @@ class LockContext(ContextBase[Lock]):
         calls = steps.engine_calls
         outer = calls.depth
         try:
-            calls.depth = outer + 1  # until the with block owns the lock: a stop here would leave it
+            calls.depth = outer + 1  # until the with block owns the lock (see EngineCalls)
             lock = self.manager.acquire(self.resource, **self._acquire_options())
             self._entered(lock)
             return lock
         finally:
-            # Set back, not leave(): a stop sent again here could land before the with block owns the lock.
-            calls.depth = outer
+            calls.depth = outer  # set back, not left(): no stop sent again before the block owns it
 
     def leave(self, raised: bool = False) -> LockLost | None:
         """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,

@@ -350,6 +350,8 @@ def release(lock: LockBase) -> Step:
     except GeneratorExit:
         raise
     except BaseException:
+        # Released all the same: the round runs to its end in the background, unjudged.
+        base.call_hook(manager.config.hooks, "released", lock)
         yield Background(fan)
         raise
     return lock._judge_release(results)
@@ -417,7 +419,13 @@ class EngineCalls(threading.local):
         before it: Python runs signal handlers at calls (and loops), so an exception raised by one
         (a KeyboardInterrupt, a SIGALRM timeout) lands before or after that store, never between
         entering a function and the store. A depth left off for good would defer a command's
-        stop forever."""
+        stop forever.
+
+        A call that hands a lock to its caller (``acquire()``, ``adopt()``, a ``with`` block's
+        entry) counts as one engine call until it returns the lock, and sets the depth back
+        without this: a stop sent again when its round ends would unwind it with the lock held
+        on the nodes and nobody to release it. The stop's own redelivery lands a few
+        milliseconds later, once the caller has the lock."""
         if self.on_leave is not None:
             on_leave, self.on_leave = self.on_leave, None
             on_leave()

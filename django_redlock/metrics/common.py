@@ -3,6 +3,7 @@ bookkeeping behind the gauges (the locks this process holds, by group)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -32,7 +33,8 @@ class HeldLocks:
 
     A lock dropped without release (it expires on the nodes by itself) is taken off at the next lock
     event after it was collected: never from the garbage collector, which may run while a metric's
-    own lock is held.
+    own lock is held. A forked child does not hold its parent's locks: it neither counts them nor
+    takes them off.
     """
 
     def __init__(self, change: Callable[[str | None, int], None]) -> None:
@@ -46,7 +48,7 @@ class HeldLocks:
         with self._mutex:
             if lock in self._locks:
                 return
-            watch = self._locks[lock] = weakref.finalize(lock, self._dropped.append, group)
+            watch = self._locks[lock] = weakref.finalize(lock, self._collected, os.getpid(), group)
             watch.atexit = False
         self._change(group, 1)
 
@@ -58,9 +60,13 @@ class HeldLocks:
         if watch is None:
             return False
         found = watch.detach()
-        if found is not None:
-            self._change(found[2][0], -1)  # detach() returns (lock, callback, args, kwargs)
+        if found is not None and found[2][0] == os.getpid():  # detach() returns (lock, callback, args, kwargs)
+            self._change(found[2][1], -1)
         return True
+
+    def _collected(self, pid: int, group: str | None) -> None:
+        if pid == os.getpid():  # not a parent's lock, dropped in a forked child
+            self._dropped.append(group)
 
     def _settle(self) -> None:
         while self._dropped:
