@@ -97,6 +97,8 @@ class ManagerBase:
     @staticmethod
     def _keeping(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:
         """``(max_hold, on_lost)`` when a lock is to be kept alive once acquired, checked first."""
+        if auto_extend is False and max_hold is None and on_lost is None:
+            return None  # the usual call: nothing to check
         max_hold = base.check_keep_alive(auto_extend, max_hold, on_lost)
         return (max_hold, on_lost) if auto_extend else None
 
