@@ -140,9 +140,11 @@ class LockAdmin(_ModelAdmin):
         # The admin needs a user model with has_perm(); the stubs' AbstractBaseUser has none.
         return request.user.has_perm("django_redlock.release_lock")  # type: ignore[union-attr]
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, *args: Any, **kwargs: Any) -> dict[str, Any]:
         # The site-wide actions (delete_selected, ...) work on querysets of table rows: there are none here.
-        return {name: action for name, action in super().get_actions(request).items() if name in (self.actions or ())}
+        # (*args, **kwargs: Django 6.1 adds action_location.)
+        actions = super().get_actions(request, *args, **kwargs)
+        return {name: action for name, action in actions.items() if name in (self.actions or ())}
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
