@@ -26,6 +26,8 @@ from django_redlock.exceptions import LockNotAcquired
 from django_redlock.testing import RedisServers, find_redis_server, identify_server
 
 pytest.importorskip("django_valkey")
+# django-valkey's cache backends need a newer Django than some this package supports (4.2).
+pytest.importorskip("django_valkey.cache", reason="django-valkey does not support this Django version", exc_type=ImportError)
 import valkey  # noqa: E402  (django-valkey's client library)
 
 PASSWORD = "vk-Pa55word-n0t-for-output"

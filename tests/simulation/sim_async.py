@@ -104,7 +104,10 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def create_task(self, coro: Coroutine[Any, Any, Any], *, name: str | None = None,
                     context: contextvars.Context | None = None) -> asyncio.Task[Any]:
-        task = asyncio.Task(coro, loop=self, name=name, context=context)
+        if context is None:  # Python 3.10's Task takes no context
+            task = asyncio.Task(coro, loop=self, name=name)
+        else:
+            task = asyncio.Task(coro, loop=self, name=name, context=context)
         self.tasks.append(task)
         return task
 
