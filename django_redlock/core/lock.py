@@ -488,15 +488,12 @@ class LockContext(ContextBase[Lock]):
     manager: LockManager
 
     def __enter__(self) -> Lock:
-        calls = steps.engine_calls
-        outer = calls.depth
-        try:
-            calls.depth = outer + 1  # until the with block owns the lock (see EngineCalls)
-            lock = self.manager.acquire(self.resource, **self._acquire_options())
-            self._entered(lock)
-            return lock
-        finally:
-            calls.depth = outer  # set back, not left(): no stop sent again before the block owns it
+        return steps.handing_over(self._enter)
+
+    def _enter(self) -> Lock:
+        lock = self.manager.acquire(self.resource, **self._acquire_options())
+        self._entered(lock)
+        return lock
 
     def leave(self, raised: bool = False) -> LockLost | None:
         """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,

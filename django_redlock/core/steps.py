@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_redlock.core import base
 from django_redlock.core.adoption import Adoption
@@ -422,7 +422,7 @@ class EngineCalls(threading.local):
         stop forever.
 
         A call that hands a lock to its caller (``acquire()``, ``adopt()``, a ``with`` block's
-        entry) counts as one engine call until it returns the lock, and sets the depth back
+        entry) counts as one engine call until it returns the lock (:func:`handing_over`), and sets the depth back
         without this: a stop sent again when its round ends would unwind it with the lock held
         on the nodes and nobody to release it. The stop's own redelivery lands a few
         milliseconds later, once the caller has the lock."""
@@ -432,6 +432,20 @@ class EngineCalls(threading.local):
 
 
 engine_calls = EngineCalls()
+
+_T = TypeVar("_T")
+
+
+def handing_over(call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)`` as one engine call that hands a lock to its caller (see
+    :meth:`EngineCalls.left`): the depth is set back at its end, and no deferred stop sent again."""
+    calls = engine_calls
+    outer = calls.depth
+    try:
+        calls.depth = outer + 1
+        return call(*args)
+    finally:
+        calls.depth = outer  # first, no call before it
 
 
 def answer(config: base.ManagerConfig, effect: Any) -> Any:

@@ -296,20 +296,18 @@ class LockManager(ManagerBase):
         held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
         if step is None:
             return cast(Lock, held)
-        calls = steps.engine_calls
-        outer = calls.depth
-        try:
-            calls.depth = outer + 1  # until the caller has its lock (see EngineCalls)
-            lock = self._granted(self._run(step), Lock)
-            if keep is not None:
-                try:
-                    self._watch(lock, *keep)
-                except BaseException:
-                    lock.release()  # the watchdog could not start: the caller never owned it
-                    raise
-            return lock
-        finally:
-            calls.depth = outer  # set back, not left(): no stop sent again before the caller has it
+        return steps.handing_over(self._granting, step, keep)
+
+    def _granting(self, step: steps.Step, keep: tuple[float | None, Any] | None) -> Lock:
+        """The lock ``step`` wins, kept alive if asked (``keep``: see :meth:`_keeping`)."""
+        lock = self._granted(self._run(step), Lock)
+        if keep is not None:
+            try:
+                self._watch(lock, *keep)
+            except BaseException:
+                lock.release()  # the watchdog could not start: the caller never owned it
+                raise
+        return lock
 
     def adopt(
         self, resource: Resources, token: str, *, ttl: float | None = None, fencing_token: int | None = None
@@ -344,13 +342,7 @@ class LockManager(ManagerBase):
         release only act on keys that still store the holder's value.
         """
         step = self._adopting(resource, token, ttl, fencing_token)
-        calls = steps.engine_calls
-        outer = calls.depth
-        try:
-            calls.depth = outer + 1  # until the caller has its lock (see EngineCalls)
-            return self._adopted(self._run(step), Lock, ttl, fencing_token)
-        finally:
-            calls.depth = outer  # set back, not left(): no stop sent again before the caller has it
+        return steps.handing_over(lambda: self._adopted(self._run(step), Lock, ttl, fencing_token))
 
     def _run(self, step: steps.Step) -> Any:
         """Drive a step on this thread (:func:`~django_redlock.core.steps.run_sync`)."""
