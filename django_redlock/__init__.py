@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from django_redlock import lazy
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable, StaleToken
 
 __version__ = "0.1.0"
@@ -46,13 +47,4 @@ if TYPE_CHECKING:
     from django_redlock.decorators import redlock, redlock_command
     from django_redlock.manager import async_lock_manager, get_async_lock_manager, get_lock_manager, lock_manager
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_redlock' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy.exports(__name__, _LAZY, globals())

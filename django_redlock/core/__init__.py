@@ -14,8 +14,9 @@ the scripts, the wire format) loads no I/O library.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from django_redlock import lazy
 
 __all__ = [
     "AsyncLock",
@@ -34,7 +35,7 @@ _HOMES = {
     "AsyncLock": "django_redlock.core.async_manager",
     "AsyncLockManager": "django_redlock.core.async_manager",
     "Holder": "django_redlock.core.records",
-    "Hooks": "django_redlock.core.base",
+    "Hooks": "django_redlock.core.hooks",
     "Lock": "django_redlock.core.lock",
     "LockManager": "django_redlock.core.sync_manager",
     "LockRecord": "django_redlock.core.records",
@@ -44,20 +45,9 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from django_redlock.core.async_manager import AsyncLock, AsyncLockManager
-    from django_redlock.core.base import Hooks
+    from django_redlock.core.hooks import Hooks
     from django_redlock.core.lock import Lock
     from django_redlock.core.records import Holder, LockRecord, NodeEntry, NodeStatus
     from django_redlock.core.sync_manager import LockManager
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'django_redlock.core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy.exports(__name__, _HOMES, globals())

@@ -10,8 +10,9 @@ first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from django_redlock import lazy
 
 __all__ = ["MetricsHooks", "OpenTelemetryHooks", "PrometheusHooks"]
 
@@ -26,15 +27,4 @@ if TYPE_CHECKING:
     from django_redlock.metrics.opentelemetry import OpenTelemetryHooks
     from django_redlock.metrics.prometheus import PrometheusHooks
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'django_redlock.metrics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy.exports(__name__, _HOMES, globals())
