@@ -58,13 +58,14 @@ class ManagerBase:
             max_ttl=max_ttl,
         )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
+        self._names = tuple(node.name for node in self.node_list)
         self.quorum = base.quorum_of(len(self.node_list))  # looked up on base: a simulator mutant patches it
         self._held = HeldLocks()
 
     @property
     def nodes(self) -> tuple[str, ...]:
         """Node names, without credentials."""
-        return tuple(node.name for node in self.node_list)
+        return self._names
 
     @property
     def ttl(self) -> float:
