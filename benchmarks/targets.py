@@ -84,8 +84,7 @@ def _plus(offset: float | None, value: float | None) -> float | None:
     return None if value is None or offset is None else value + offset
 
 
-def _reference(value: float) -> str:
-    return f"reference ({REFERENCE['commit']}, {REFERENCE['date']})" if value else "reference (not recorded)"
+REFERENCE_NAME = f"reference ({REFERENCE['commit']}, {REFERENCE['date']})"
 
 
 def _get(table: Any, *path: Any) -> Any:
@@ -106,10 +105,10 @@ def scaling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for series, label in SERIES_NAMES.items():
         for n in (1, 5):
-            reference = CPU_REFERENCE_US[series, n] or None
+            reference = CPU_REFERENCE_US[series, n]
             found.append(target(
                 f"client CPU per pair, {label}, N = {n}", _get(points, series, str(n), "cpu_median_us"), "<=",
-                _times(CPU_FACTOR, reference), "≤ reference / 2", "µs", _reference(reference or 0), reference))
+                reference * CPU_FACTOR, "≤ reference / 2", "µs", REFERENCE_NAME, reference))
     for series, label in SERIES_NAMES.items():
         for n in results["node_counts"]:
             floor = _get(points, "floor_all", str(n), "median_us")
@@ -124,18 +123,17 @@ def scaling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             _times(ASYNC_FACTOR, floor), f"≤ {ASYNC_FACTOR:g} × floor", "µs", "floor_async", floor))
     memory = results.get("memory") or {}
     for key, label in (("per_lock_bytes", "LockManager"), ("async_per_lock_bytes", "AsyncLockManager")):
-        reference = MEMORY_REFERENCE_BYTES[key] or None
+        reference = MEMORY_REFERENCE_BYTES[key]
         found.append(target(
-            f"memory per held lock, {label}", memory.get(key), "<=", _times(MEMORY_TOLERANCE, reference),
-            f"≤ {MEMORY_TOLERANCE:g} × reference", "B", _reference(reference or 0), reference))
+            f"memory per held lock, {label}", memory.get(key), "<=", reference * MEMORY_TOLERANCE,
+            f"≤ {MEMORY_TOLERANCE:g} × reference", "B", REFERENCE_NAME, reference))
     for series, label in SERIES_NAMES.items():
         floor = _get(points, "floor_all", "5", "p99_us")
-        factor = P99_REFERENCE_RATIO[series] * P99_TOLERANCE
+        ratio = P99_REFERENCE_RATIO[series]
         found.append(target(
             f"p99 of a pair, {label}, N = 5", _get(points, series, "5", "p99_us"), "<=",
-            _times(factor, floor) if factor else None,
-            f"≤ floor × {P99_REFERENCE_RATIO[series]:.2f} (reference ratio) × {P99_TOLERANCE:g}", "µs", "floor_all",
-            floor))
+            _times(ratio * P99_TOLERANCE, floor), f"≤ floor × {ratio:.2f} (reference ratio) × {P99_TOLERANCE:g}",
+            "µs", "floor_all", floor))
     return found
 
 
@@ -154,24 +152,24 @@ def contention_targets(contention: dict[str, Any]) -> list[dict[str, Any]]:
         target("contention: acquisitions/s, 5 nodes", ours.get("acq_per_s"), ">=",
                _get(rows, COMPETITOR, "acq_per_s"), "≥ python-redis-lock", "/s", COMPETITOR,
                _get(rows, COMPETITOR, "acq_per_s")),
-        target("contention: fairness, max/min acquisitions per worker", ours.get("max_over_min"), "<=", FAIRNESS,
-               f"≤ {FAIRNESS:g}", "×"),
+        target("contention: fairness, max/min acquisitions per worker", ours.get("max_over_min"), "<=", FAIRNESS, "",
+               "×"),
         target("contention: hand-off p50", ours.get("handoff_p50_ms"), "<=",
                _plus(None if rtt is None else rtt / 1000, floor_p50), "≤ floor + 1 loopback round trip", "ms",
                FLOOR, floor_p50),
         target("contention: validity lost by a lock won in line (uncontended − won in line, medians)",
                None if fresh is None or waited is None else fresh - waited, "<=", reference * VALIDITY_TOLERANCE,
-               f"≤ {VALIDITY_TOLERANCE:g} × reference", "ms", _reference(reference), reference),
+               f"≤ {VALIDITY_TOLERANCE:g} × reference", "ms", REFERENCE_NAME, reference),
     ]
 
 
 def admin_targets(admin: dict[str, Any]) -> list[dict[str, Any]]:
     """``admin_render.py``'s cases: ``redlock list`` (text, JSON) and each admin page, median under the limit."""
-    locks = admin.get("locks")
+    locks = f"{admin['locks']:,} locks" if isinstance(admin.get("locks"), int) else "locks"
     names = {"list_text": "redlock list (text)", "list_json": "redlock list --json"}
-    return [target(f"{names.get(case, f'admin page: {case}')}, {locks:,} locks", row.get("median_ms"), "<=", ADMIN_MS,
-                   f"≤ {ADMIN_MS:g} ms", "ms")
-            for case, row in sorted((admin.get("cases") or {}).items(), key=lambda item: item[0] not in names)]
+    cases = sorted((admin.get("cases") or {}).items(), key=lambda item: item[0] not in names)  # the lists first
+    return [target(f"{names.get(case, f'admin page: {case}')}, {locks}", row.get("median_ms"), "<=", ADMIN_MS, "",
+                   "ms") for case, row in cases]
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -187,7 +185,9 @@ def _number(value: float | None, unit: str) -> str:
 def _columns(item: dict[str, Any]) -> tuple[str, str, str, str, str]:
     unit = item["unit"]
     basis = f"{item['basis']} {_number(item['basis_value'], unit)}" if item["basis"] else "–"
-    limit = f"{item['op'].replace('<=', '≤').replace('>=', '≥')} {_number(item['limit'], unit)} ({item['rule']})"
+    limit = f"{item['op'].replace('<=', '≤').replace('>=', '≥')} {_number(item['limit'], unit)}"
+    if item["rule"]:
+        limit += f" ({item['rule']})"
     return item["target"], _number(item["value"], unit), basis, limit, item["verdict"]
 
 
