@@ -17,6 +17,12 @@ import targets  # noqa: E402
 VERDICTS = {"met", "NOT met", "not measured"}
 
 
+def _run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python benchmarks/SCRIPT ARGS...`` from the repository's root, its output captured."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
 def _today() -> set[str]:
     now = datetime.datetime.now(datetime.timezone.utc)
     return {(now - datetime.timedelta(minutes=m)).date().isoformat() for m in (0, 5)}  # a run across midnight
@@ -25,14 +31,7 @@ def _today() -> set[str]:
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
     table = tmp_path / "table.rst"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick", "--budget", "30", "--json", str(out),
-         "--rst", str(table)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    result = _run("bench.py", "--quick", "--budget", "30", "--json", str(out), "--rst", str(table))
     assert result.returncode == 0, result.stderr
     row = json.loads(out.read_text())["libraries"]["django_redlock"]
     assert row["healthy"]["median_us"] > 0 and row["one_paused"]["median_us"] > 0
@@ -66,17 +65,12 @@ def test_bench_contention_quick(tmp_path):
     nobody held it while another did, and that the hand-off statistics exist.
     """
     out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [
-            sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--only", "contention",
-            "--contention-libraries", f"django_redlock,redis-py Lock (1 node) sleep=1 ms,{targets.FLOOR}",
-            "--workers", "4", "--seconds", "1.5", "--budget", "60",
-            "--json", str(out), "--rst", str(tmp_path / "table.rst"),
-        ],
-        capture_output=True,
-        text=True,
+    result = _run(
+        "bench.py", "--only", "contention",
+        "--contention-libraries", f"django_redlock,redis-py Lock (1 node) sleep=1 ms,{targets.FLOOR}",
+        "--workers", "4", "--seconds", "1.5", "--budget", "60",
+        "--json", str(out), "--rst", str(tmp_path / "table.rst"),
         timeout=180,
-        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     contention = json.loads(out.read_text())["contention"]
@@ -113,14 +107,7 @@ def test_docs_tables_render_from_their_json(tmp_path, script, results, table):
     """The committed tables are what ``--render-only`` writes from the committed results, date and command included."""
     shutil.copy(ROOT / "docs" / results, tmp_path / results)
     out = tmp_path / table
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--render-only", "--json", str(tmp_path / results),
-         "--rst", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = _run(script, "--render-only", "--json", str(tmp_path / results), "--rst", str(out), timeout=60)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert text == (ROOT / "docs" / table).read_text()
@@ -129,14 +116,8 @@ def test_docs_tables_render_from_their_json(tmp_path, script, results, table):
 
 
 def test_render_only_needs_results(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--render-only", "--json", str(tmp_path / "none.json"),
-         "--rst", str(tmp_path / "t.rst")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = _run("bench.py", "--render-only", "--json", str(tmp_path / "none.json"), "--rst", str(tmp_path / "t.rst"),
+                  timeout=60)
     assert result.returncode != 0
     assert "--render-only: --json must name an existing results file" in result.stderr
 
@@ -144,14 +125,8 @@ def test_render_only_needs_results(tmp_path):
 def test_bench_admin_section(tmp_path):
     """``make bench`` runs admin_render.py as bench.py's admin section and judges what it prints."""
     out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--quick", "--only", "admin", "--json", str(out),
-         "--rst", str(tmp_path / "table.rst")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    result = _run("bench.py", "--quick", "--only", "admin", "--json", str(out), "--rst", str(tmp_path / "table.rst"),
+                  timeout=300)
     assert result.returncode == 0, result.stderr
     admin = json.loads(out.read_text())["admin"]
     assert admin["locks"] == 10_000 and admin["cases"]["list_text"]["median_ms"] > 0
