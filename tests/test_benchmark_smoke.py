@@ -186,6 +186,9 @@ def test_admin_targets_on_made_up_numbers():
     assert [(t["target"], t["verdict"]) for t in judged] == [
         ("redlock list --json, 10,000 locks", "met"), ("redlock list (text), 10,000 locks", "met"),
         ("admin page: ttl, 10,000 locks", "NOT met")]
+    failed = targets.admin_targets({"error": "admin_render.py exited with 1 and printed no results"})
+    assert [(t["target"], t["verdict"]) for t in failed] == [
+        ("redlock list (text), locks", "not measured"), ("redlock list --json, locks", "not measured")]
 
 
 def test_targets_block_and_table():
