@@ -38,17 +38,17 @@ simulate:  ## the long deterministic simulation of the engine (its core and its 
 	@$(PY) -m tests.simulation.exhaustive --max-depth 11
 	@$(PY) -m tests.simulation.mutants
 
-bench:  ## benchmarks against pottery, redlock-py, redis-py's Lock and python-redis-lock
+bench:  ## benchmarks against pottery, redlock-py, redis-py's Lock and python-redis-lock, admin_render.py; ends with the targets and their verdicts
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/bench.py --iterations 3000 --budget 60 --json docs/benchmarks.json \
 		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
 
-bench-contention:  ## only the contention scenario (8 processes, one key), merged into the docs' results
+bench-contention:  ## only the contention scenario (8 processes, one key), merged into the docs' results; ends with its targets
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/bench.py --only contention --workers 8 --seconds 10 --json docs/benchmarks.json \
 		--plot docs/img/benchmark.png --rst docs/benchmarks_table.rst
 
-bench-scaling:  ## latency and memory against the number of masters (1 to 9), and with a 1 ms round trip added
+bench-scaling:  ## latency and memory against the number of masters (1 to 9), and with a 1 ms round trip added; ends with the targets
 	@VENV=$(VENV) sh scripts/setup.sh bench
 	@$(PY) benchmarks/scaling.py --iterations 2000 --rtt-ms 1 --json docs/scaling.json \
 		--plot docs/img/scaling.png --rst docs/scaling_table.rst

@@ -11,7 +11,15 @@ lock) and measures, in one run:
   with its default 0.1 s sleep and with sleep=1 ms, and python-redis-lock, each
   on one node): acquisitions/s, per-worker fairness, hand-off latency (a
   release to the next holder's acquisition) and how often the worker that had
-  just released takes the lock again.
+  just released takes the lock again; the same workers on the floor (a
+  raw-socket client of the five nodes that waits on a BLPOP wake list, see
+  ``floor_handoff.py``), the loopback round trip (PING on a raw socket), and the
+  validity django-redlock's locks hand over, won in line and uncontended;
+- admin: ``admin_render.py`` (``redlock list`` and the admin's Locks page with
+  10,000 locks), run as it is, its results read from what it prints last;
+- the speed targets of the contention and admin sections (``targets.py``),
+  each against its floor from this run, with a verdict: printed last, kept in
+  ``--json`` and written under the tables into ``--rst``.
 
 Each library runs each scenario in its own subprocess with a time budget, so
 a client that hangs on a paused node is reported as such instead of hanging
@@ -39,26 +47,37 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import targets  # noqa: E402
+from floor_handoff import ping_rtt_us  # noqa: E402
+
 from django_redlock.testing import RedisServer, RedisServers  # noqa: E402
 
 LIBRARIES = ("django_redlock", "redis-py Lock (1 node)", "redlock-py", "pottery")
 CONTENTION_LIBRARIES = (
     "django_redlock",
+    targets.FLOOR,
     "redis-py Lock (1 node)",
     "redis-py Lock (1 node) sleep=1 ms",
     "python-redis-lock (1 node)",
 )
 LATENCY_SECTIONS = ("healthy", "one_paused", "majority_paused")
-SECTIONS = (*LATENCY_SECTIONS, "contention")
+SECTIONS = (*LATENCY_SECTIONS, "contention", "admin")
 #: How long a contention worker's blocking acquire may wait: generous, so a worker only gives
 #: up if the library is broken (8 workers x ~1.5 ms per turn is far below it).
 CONTENTION_TIMEOUT = 30.0
+#: Uncontended acquires each contention worker makes before the clock starts, for the validity they hand over.
+FRESH_ACQUIRES = 5
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 def make_client(library: str, urls: list[str], single_url: str):
@@ -103,7 +122,7 @@ def make_client(library: str, urls: list[str], single_url: str):
     if library == "redlock-py":
         from redlock import Redlock
 
-        dlm = Redlock([{"host": "127.0.0.1", "port": int(u.rsplit(":", 1)[1].split("/")[0])} for u in urls])
+        dlm = Redlock([{"host": "127.0.0.1", "port": _port(u)} for u in urls])
 
         def acquire(name):
             lock = dlm.lock(name, 10000)
@@ -192,7 +211,8 @@ def blocking_client(library: str, urls: list[str], single_url: str):
     Every library waits with its own mechanism: django-redlock in each node's line,
     woken by the release; redis-py's Lock polls every ``sleep`` seconds (default
     0.1 s, and 1 ms as the fairest setting); python-redis-lock BLPOPs a signal
-    list that the release pushes to.
+    list that the release pushes to; the floor (:mod:`floor_handoff`) does the least
+    that any such waiting line on the five nodes does, on raw sockets.
     """
     if library == "django_redlock":
         from django_redlock.core import LockManager
@@ -230,6 +250,11 @@ def blocking_client(library: str, urls: list[str], single_url: str):
             return lock
 
         return acquire, _release
+    if library == targets.FLOOR:
+        from floor_handoff import HandoffFloor
+
+        floor = HandoffFloor([_port(url) for url in urls], token=f"floor-{os.getpid()}")
+        return floor.acquire, floor.release
     raise ValueError(library)
 
 
@@ -241,24 +266,35 @@ def contention_worker(library, urls, single_url, key, seconds, hold, barrier, qu
     """One of the workers: blocking acquire of ``key``, hold ``hold`` seconds, release; for ``seconds``.
 
     Records the wall clock (comparable across processes) when each acquire
-    returned and when each release started.
+    was called, when it returned and when each release started; and, for a
+    lock that has a ``validity``, how much of it each acquire handed over,
+    also on a few uncontended keys first.
     """
     try:
         acquire, release = blocking_client(library, urls, single_url)
         release(acquire(f"{key}-warm-{index}"))  # connect and load scripts before the clock starts
+        fresh = []
+        for i in range(FRESH_ACQUIRES):
+            lock = acquire(f"{key}-fresh-{index}-{i}")
+            fresh.append(getattr(lock, "validity", None))
+            release(lock)
         barrier.wait(timeout=60)
+        asked: list[float] = []
         acquired: list[float] = []
         released: list[float] = []
+        validities: list[float | None] = []
         started = time.time()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            asked.append(time.time())
             lock = acquire(key)
             acquired.append(time.time())
+            validities.append(getattr(lock, "validity", None))
             time.sleep(hold)
             released.append(time.time())
             release(lock)
-        queue.put({"index": index, "acquired": acquired, "released": released, "started": started,
-                   "ended": time.time()})
+        queue.put({"index": index, "asked": asked, "acquired": acquired, "released": released, "started": started,
+                   "ended": time.time(), "validities": validities, "fresh_validities": fresh})
     except BaseException as exc:  # noqa: BLE001 - reported, not raised: the parent waits for every worker
         queue.put({"index": index, "error": repr(exc)})
 
@@ -268,16 +304,23 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def contention_stats(workers: list[dict]) -> dict:
-    """Merge the workers' records: throughput, fairness, hand-off latency, who takes the lock next."""
+    """Merge the workers' records: throughput, fairness, hand-off latency, who takes the lock next.
+
+    A lock *won in line* is one whose acquire was called before the previous
+    holder released it; the validity it handed over is summed up apart from
+    the uncontended acquires' (when the library's locks have a validity).
+    """
     events = []
-    for record in workers:
-        events += [(t, 0, record["index"]) for t in record["released"]]  # a release sorts first on a tie
-        events += [(t, 1, record["index"]) for t in record["acquired"]]
+    by_index = {record["index"]: record for record in workers}
+    for index, record in by_index.items():
+        events += [(t, 0, index, j) for j, t in enumerate(record["released"])]  # a release sorts first on a tie
+        events += [(t, 1, index, j) for j, t in enumerate(record["acquired"])]
     events.sort()
     handoffs: list[float] = []
+    waited: list[float] = []
     same = overlaps = 0
     holder = last_release = None
-    for t, kind, worker in events:
+    for t, kind, worker, j in events:
         if kind == 0:
             holder, last_release = None, (t, worker)
             continue
@@ -286,6 +329,10 @@ def contention_stats(workers: list[dict]) -> dict:
         if last_release is not None:
             handoffs.append(t - last_release[0])
             same += worker == last_release[1]
+            record = by_index[worker]
+            validity = record["validities"][j] if "validities" in record else None
+            if validity is not None and record["asked"][j] < last_release[0]:
+                waited.append(validity)
         holder = worker
     counts = [len(r["acquired"]) for r in workers]
     total = sum(counts)
@@ -293,6 +340,13 @@ def contention_stats(workers: list[dict]) -> dict:
     holds = sorted(rel - acq for r in workers for acq, rel in zip(r["acquired"], r["released"]))
     handoffs.sort()
     lowest = min(counts)
+    fresh = [v for r in workers for v in r.get("fresh_validities", []) if v is not None]
+    validity = {
+        "won_in_line": len(waited),
+        "validity_median_ms": statistics.median(waited) * 1000,
+        "validity_min_ms": min(waited) * 1000,
+        "fresh_validity_median_ms": statistics.median(fresh) * 1000 if fresh else None,
+    } if waited else {}
     return {
         "workers": len(workers),
         "acquisitions": total,
@@ -309,6 +363,7 @@ def contention_stats(workers: list[dict]) -> dict:
         "same_worker_share": same / len(handoffs) if handoffs else None,
         "hold_median_ms": statistics.median(holds) * 1000 if holds else None,
         "overlaps": overlaps,
+        **validity,
     }
 
 
@@ -392,7 +447,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per library and scenario")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--only", help="comma-separated sections to run: latency (= healthy, one_paused, "
-                        "majority_paused), healthy, one_paused, majority_paused, contention; default: all. "
+                        "majority_paused), healthy, one_paused, majority_paused, contention, admin (runs "
+                        "admin_render.py); default: all. "
                         "The other sections are kept from an existing --json file")
     parser.add_argument("--contention-libraries", default=",".join(CONTENTION_LIBRARIES))
     parser.add_argument("--workers", type=int, default=8, help="contention: worker processes")
@@ -401,7 +457,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--plot")
     parser.add_argument("--rst", help="write the results as a reStructuredText table (for the docs)")
-    parser.add_argument("--quick", action="store_true", help="few iterations, 2 s of contention, django_redlock only")
+    parser.add_argument("--quick", action="store_true",
+                        help="few iterations, 2 s of contention, django_redlock only (and the contention floor); "
+                        "admin_render.py only with --only admin, each case timed once")
     parser.add_argument("--render-only", action="store_true",
                         help="measure nothing: write --rst and --plot from the results already in --json")
     args = parser.parse_args(argv)
@@ -409,8 +467,11 @@ def main(argv=None) -> dict:
         return render_only(args, plot, rst_table)
     stamp = run_stamp("bench.py", argv)
     sections = _sections(args.only)
+    if args.quick and not args.only:
+        sections.remove("admin")  # a Django project and 10,000 locks: only when asked for by name
     libraries = ["django_redlock"] if args.quick else [x.strip() for x in args.libraries.split(",")]
-    contenders = ["django_redlock"] if args.quick else [x.strip() for x in args.contention_libraries.split(",")]
+    contenders = (["django_redlock", targets.FLOOR] if args.quick
+                  else [x.strip() for x in args.contention_libraries.split(",")])
     iterations = 200 if args.quick else args.iterations
     seconds = min(args.seconds, 2.0) if args.quick else args.seconds
     results: dict = {}
@@ -437,6 +498,7 @@ def main(argv=None) -> dict:
                     "seconds": seconds,
                     "hold_ms": args.hold_ms,
                     "load_before": os.getloadavg()[0],  # other jobs on the machine skew this scenario most
+                    "loopback_rtt_us": ping_rtt_us(servers[0].port),
                     "produced": stamp,
                     "libraries": {},
                 }
@@ -448,10 +510,40 @@ def main(argv=None) -> dict:
                     contention["libraries"][library] = row
                     shown = {k: v for k, v in row.items() if k != "per_worker"}
                     print(f"contention {library:34} {json.dumps(shown)}", flush=True)
+                contention["targets"] = targets.contention_targets(contention)
         finally:
             single.stop()
+    if "admin" in sections:
+        results["admin"] = {**admin_render(args.quick), "produced": stamp}
+        results["admin"]["targets"] = targets.admin_targets(results["admin"])
     write_outputs(results, args, plot, rst_table)
+    judged = [t for name in ("contention", "admin") if name in sections for t in results[name].get("targets", [])]
+    if judged:
+        print(targets.block(judged))
     return results
+
+
+def admin_render(quick: bool) -> dict:
+    """Run ``admin_render.py`` (its own redis-servers and Django) and return the results it prints last.
+
+    What it writes on stderr goes to ours; what it prints on stdout before its results is echoed.
+    """
+    command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "admin_render.py")]
+    if quick:
+        command += ["--repeat", "1"]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    lines = done.stdout.splitlines()
+    for line in lines[:-1]:
+        print(line, flush=True)
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        found = None
+    if done.returncode or not isinstance(found, dict) or "cases" not in found:
+        if lines:
+            print(lines[-1], flush=True)
+        return {"error": f"admin_render.py exited with {done.returncode} and printed no results"}
+    return found
 
 
 def write_outputs(
@@ -513,7 +605,19 @@ CONTENTION_MARKER = ".. contention-table"
 
 
 def rst_table(results: dict) -> str:
-    return rst_latency_table(results) + f"\n{CONTENTION_MARKER}\n\n" + rst_contention_table(results)
+    return (rst_latency_table(results) + f"\n{CONTENTION_MARKER}\n\n" + rst_contention_table(results)
+            + rst_targets(results))
+
+
+def rst_targets(results: dict) -> str:
+    """The targets of the sections that judged them (older results have none: nothing then)."""
+    sections = [results[name] for name in ("contention", "admin") if results.get(name, {}).get("targets")]
+    if not sections:
+        return ""
+    lines = ["", "Targets:", "", *targets.rst([t for section in sections for t in section["targets"]]), ""]
+    for stamp in dict.fromkeys(stamp_line(section) for section in sections):
+        lines += [stamp, ""]
+    return "\n".join(lines)
 
 
 def _table_head(*columns: str) -> list[str]:

@@ -15,6 +15,9 @@ lock) and measures:
   redis-py's asyncio ``Lock`` on one, interleaved in one event loop;
 - memory (tracemalloc): a warmed-up five-node manager, and what each held
   lock costs (10,000 held at once), sync and async, against redis-py's locks;
+- the speed targets (see ``targets.py``), each against its floor from this run
+  or its recorded reference, with a verdict: printed last, kept in ``--json``
+  and written first into ``--rst`` (after a ``.. scaling-targets`` comment);
 - with ``--rtt-ms``: a network round trip. Every node is reached through a
   delay line (a small TCP proxy process per node that forwards each chunk
   ``--rtt-ms / 2`` ms after it arrived, each way), against the same proxies
@@ -58,6 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redis  # noqa: E402
 import redis.asyncio as aredis  # noqa: E402
+import targets  # noqa: E402
 from bench import _percentile, _table_head, render_only, run_stamp, stamp_line, write_outputs  # noqa: E402
 
 from django_redlock.core import AsyncLockManager, LockManager  # noqa: E402
@@ -643,6 +647,10 @@ def _pair_cell(point: dict[str, float] | None) -> str:
     return "–" if point is None else f"{point['median_us']:,.0f} / {point['p99_us']:,.0f}"
 
 
+def _cpu_cell(point: dict[str, float] | None) -> str:
+    return "–" if point is None else f"{point['cpu_median_us']:,.0f}"
+
+
 def _head(first: str, *columns: str) -> list[str]:
     lines = _table_head(*columns)
     lines[3] = f"   * - {first}"  # bench.py's tables name their first column "Library"
@@ -729,7 +737,9 @@ def rst_tables(results: dict) -> str:
     failed = failures(results)
     if failed:
         parts["latency"] += ["Failed pairs (their time is in the numbers):", "", *(f"- {line}" for line in failed), ""]
-    return "".join(f".. scaling-{part}\n\n" + "\n".join(parts[part]) + "\n" for part in PARTS)
+    judged = "" if "targets" not in results else "\n".join(
+        [".. scaling-targets", "", *targets.rst(results["targets"]), "", stamp_line(results), "", ""])
+    return judged + "".join(f".. scaling-{part}\n\n" + "\n".join(parts[part]) + "\n" for part in PARTS)
 
 
 def failures(results: dict) -> list[str]:
@@ -751,6 +761,9 @@ def print_summary(results: dict) -> None:
         line = row["fit"]
         print(f"{row['label']:44}" + "".join(f"{_pair_cell(row['points'].get(str(n))):>15}" for n in counts)
               + (f"{line['fixed_us']:9.0f}{line['per_node_us']:10.1f}{line['cpu_per_node_us']:10.1f}" if line else ""))
+    print("\nclient CPU per pair, median (µs, time.process_time)")
+    for row in latency["series"].values():
+        print(f"{row['label']:44}" + "".join(f"{_cpu_cell(row['points'].get(str(n))):>15}" for n in counts))
     print("\noverhead above the floor (medians, µs)")
     for n, row in latency["overhead_us"].items():
         print(f"  N={n}: " + ", ".join(f"{name} {value:,.0f}" for name, value in row.items()))
@@ -863,8 +876,10 @@ def main(argv: list[str] | None = None) -> dict:
         if args.rtt_ms > 0:
             results["rtt"] = rtt_section(servers, args.rtt_ms, rtt_iterations, min(warmup, 20))
             print(f"round trip: {time.monotonic() - started:.0f} s", flush=True)
+    results["targets"] = targets.scaling_targets(results)
     print_summary(results)
     write_outputs(results, args, plot, rst_tables)
+    print(targets.block(results["targets"]))
     return results
 
 
