@@ -56,35 +56,47 @@ Reader = Callable[[], Callable[[bytes], int]]  # a new reader for one connection
 # -- the readers, each as a driver uses it -------------------------------------------------
 
 
-def pure_reader() -> Callable[[bytes], int]:
-    """The reader alone: every read fed to it and parsed."""
-    buffer = ReplyBuffer()
+def reading(
+    feed: Callable[[bytes], object], take: Callable[[], Any], pending: Callable[[], bool] | None = None
+) -> Callable[[bytes], int]:
+    """A read as a driver does it: ``feed``, then ``take`` replies until INCOMPLETE; with ``pending``,
+    a read that is exactly one usual reply while nothing is buffered is a dict lookup instead."""
+    usual = USUAL.get
 
-    def read(data: bytes) -> int:
-        buffer.feed(data)
+    def parse(data: bytes) -> int:
+        feed(data)
         n = 0
-        while buffer.next() is not INCOMPLETE:
+        while take() is not INCOMPLETE:
             n += 1
         return n
 
+    if pending is None:
+        return parse
+
+    def read(data: bytes) -> int:
+        if not pending() and usual(data, INCOMPLETE) is not INCOMPLETE:
+            return 1
+        return parse(data)
+
     return read
+
+
+def pure_reader() -> Callable[[bytes], int]:
+    """The reader alone: every read fed to it and parsed."""
+    buffer = ReplyBuffer()
+    return reading(buffer.feed, buffer.next)
 
 
 def driver_reader() -> Callable[[bytes], int]:
     """The drivers' way: a read that is exactly one usual reply is a dict lookup, the rest parsed."""
     buffer = ReplyBuffer()
+    return reading(buffer.feed, buffer.next, buffer.pending)
+
+
+def usual_lookup() -> Callable[[bytes], int]:
+    """The drivers' first look at a read: is it exactly one usual reply?"""
     usual = USUAL.get
-
-    def read(data: bytes) -> int:
-        if not buffer.pending() and usual(data, INCOMPLETE) is not INCOMPLETE:
-            return 1
-        buffer.feed(data)
-        n = 0
-        while buffer.next() is not INCOMPLETE:
-            n += 1
-        return n
-
-    return read
+    return lambda data: 0 if usual(data, INCOMPLETE) is INCOMPLETE else 1
 
 
 def error_of_text(text: str) -> Exception:
@@ -93,43 +105,20 @@ def error_of_text(text: str) -> Exception:
     return by_prefix.get(text.split(" ", 1)[0], other)(text)
 
 
-def usual_lookup() -> Callable[[bytes], int]:
-    """The sync driver's first look at a read: is it exactly one usual reply?"""
-    usual = USUAL.get
-    return lambda data: 0 if usual(data, INCOMPLETE) is INCOMPLETE else 1
+def _hiredis() -> Any:
+    """hiredis held to the pure reader's contract: INCOMPLETE when not whole, redis-py's error classes."""
+    return hiredis.Reader(protocolError=ValueError, replyError=error_of_text, notEnoughData=INCOMPLETE)
 
 
 def hiredis_reader() -> Callable[[bytes], int]:
-    """hiredis held to the same contract: INCOMPLETE when not whole, redis-py's error classes."""
-    reader = hiredis.Reader(protocolError=ValueError, replyError=error_of_text, notEnoughData=INCOMPLETE)
-    feed, gets = reader.feed, reader.gets
-
-    def read(data: bytes) -> int:
-        feed(data)
-        n = 0
-        while gets() is not INCOMPLETE:
-            n += 1
-        return n
-
-    return read
+    reader = _hiredis()
+    return reading(reader.feed, reader.gets)
 
 
 def driver_hiredis_reader() -> Callable[[bytes], int]:
     """The drivers' way with hiredis parsing what is not one usual reply."""
-    reader = hiredis.Reader(protocolError=ValueError, replyError=error_of_text, notEnoughData=INCOMPLETE)
-    feed, gets, has_data = reader.feed, reader.gets, reader.has_data
-    usual = USUAL.get
-
-    def read(data: bytes) -> int:
-        if not has_data() and usual(data, INCOMPLETE) is not INCOMPLETE:
-            return 1
-        feed(data)
-        n = 0
-        while gets() is not INCOMPLETE:
-            n += 1
-        return n
-
-    return read
+    reader = _hiredis()
+    return reading(reader.feed, reader.gets, reader.has_data)
 
 
 # -- real replies from a live server -------------------------------------------------------
