@@ -202,3 +202,24 @@ def test_targets_block_and_table():
     table = "\n".join(targets.rst(judged))
     assert "   * - client CPU per pair\n     - 120 µs\n     - reference 200 µs\n" in table
     assert targets.block([]) == ""
+
+
+def test_resp_reader_quick(tmp_path):
+    """The reader comparison runs (with or without hiredis) and counts the replies a pair reads."""
+    out = tmp_path / "resp.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "resp_reader.py"), "--rounds", "1", "--iterations", "20",
+         "--pairs", "50", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(out.read_text())
+    assert found["per reply"]["+OK"]["bytes"] == 5 and found["per reply"]["+OK"]["pure (ReplyBuffer)"] > 0
+    for n, replies in (("1", 2), ("5", 10)):  # a vote and a release on each node
+        for driver in ("sync", "async"):
+            row = found["per pair"][n][driver]
+            assert abs(row["replies per pair"] - replies) <= 1, row
+            assert 0 < row["pure, as the drivers read"] < row["whole pair"]

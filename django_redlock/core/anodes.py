@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
-from django_redlock.core.resp import ReplyBuffer, pack
+from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack
 from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.steps import Fan
 
@@ -61,9 +61,15 @@ class AConn(ConnState, asyncio.Protocol):
         if self.closed:
             return
         replies = self._replies
-        replies.feed(data)
         try:
-            while (reply := replies.next()) is not ReplyBuffer.INCOMPLETE:
+            if not replies.pending():
+                # A read that brings exactly one of the usual replies (most do) needs no parse.
+                reply = USUAL.get(data, INCOMPLETE)
+                if reply is not INCOMPLETE:
+                    self._book(reply)
+                    return
+            replies.feed(data)
+            while (reply := replies.next()) is not INCOMPLETE:
                 self._book(reply)
         except (ValueError, RedisError) as exc:
             self.anode.drop(self, f"protocol error ({exc})")

@@ -102,3 +102,49 @@ def test_pack_refuses_what_redis_cannot_be_sent(value: Any) -> None:
 def test_what_pack_writes_reads_back_as_its_arguments() -> None:
     args = ["EVALSHA", "0" * 40, 2, "redlock:lock:a", "x" * 300, -7, "", "ü"]
     assert read_all([pack(args)]) == [[str(a).encode() if not isinstance(a, bytes) else a for a in args]]
+
+
+class _Books:
+    """Books that only note what they were given to book."""
+
+    def __init__(self) -> None:
+        self.booked: list[Any] = []
+
+    def book(self, conn: Any, reply: Any, now: float) -> tuple[bool, None]:
+        self.booked.append(seen(reply))
+        return False, None
+
+
+class _Transport:
+    def is_closing(self) -> bool:
+        return False
+
+
+class _AsyncNode:
+    _settling: dict[Any, Any] = {}
+
+    def drop(self, aconn: Any, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "booked"),
+    [
+        ([b"+OK\r\n", b":1\r\n", b"$-1\r\n"], [b"OK", 1, None]),  # one usual reply a read
+        ([b"+O", b"K\r\n", b":1\r\n"], [b"OK", 1]),
+        ([b":1\r\n+OK\r\n", b":0\r\n"], [1, b"OK", 0]),
+        # A read that looks like one usual reply but ends a reply begun before: not booked alone.
+        ([b"*2\r\n", b":1\r\n", b"+OK\r\n"], [[1, b"OK"]]),
+        ([b"$4\r\n", b":1\r\n", b"\r\n"], [b":1\r\n"]),
+        ([b"-NOSCRIPT No matching script.\r\n"], [(NoScriptError, "NOSCRIPT No matching script.")]),
+    ],
+)
+def test_the_asyncio_driver_books_each_reply_once_whole(chunks: list[bytes], booked: list[Any]) -> None:
+    from django_redlock.core.anodes import AConn
+
+    books = _Books()
+    aconn = AConn(None, _AsyncNode(), books, _Transport())  # type: ignore[arg-type]
+    for chunk in chunks:
+        aconn.data_received(chunk)
+    assert books.booked == booked
+    assert aconn.healthy()
