@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
-__all__ = ["cached", "mutex", "pid"]
+__all__ = ["cached", "mutex"]
 
 _T = TypeVar("_T")
 
@@ -26,17 +26,7 @@ def mutex(owner: object, name: str) -> threading.Lock:
     return threading.Lock()
 
 
-#: This process's id, kept current in a forked child (see :func:`pid`).
-_pid = [os.getpid()]
-
-
-def pid() -> int:
-    """This process's id, without a system call (``os.getpid()`` makes one): it is read for every lock."""
-    return _pid[0]
-
-
 def _renew_in_child() -> None:
-    _pid[0] = os.getpid()  # first: the child's other fork hooks may read it
     for owner, names in list(_OWNERS.items()):
         for name in names:
             setattr(owner, name, threading.Lock())

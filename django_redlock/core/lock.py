@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from django_redlock.core import base, forks, owners, steps
+from django_redlock.core import base, owners, steps
 from django_redlock.core.rounds import Failure
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockError, LockLost, QuorumUnavailable
@@ -66,7 +67,7 @@ class LockBase:
         self.max_extensions: int | None = manager.config.max_extensions
         self._fencing_token: int | None = None
         self._state = threading.Lock()
-        self._pid = forks.pid()
+        self._pid = os.getpid()
         self._clock: Callable[[], float] = manager.config.clock
         self._acquired_at = started
         # Who acquired it, and how many times it was entered (reentrant=True); see HeldLocks.
@@ -100,7 +101,7 @@ class LockBase:
 
     def _forked(self) -> bool:
         """True in a child forked after this lock was acquired."""
-        return forks.pid() != self._pid
+        return os.getpid() != self._pid
 
     def _mark_lost(self, reason: str, *, while_held: bool = False) -> bool:
         """Record the loss once; return True the first time.

@@ -6,13 +6,12 @@ import functools
 import json
 import json.scanner
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
-
-from django_redlock.core import forks
 
 
 @functools.lru_cache(maxsize=1)
@@ -23,6 +22,10 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+#: This process's id, for display in holders (kept current across forks, without a syscall per lock).
+_pid = [os.getpid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
 def _json(value: object) -> str:
@@ -69,7 +72,7 @@ class Holder:
     @classmethod
     def new(cls, token: str, label: str | None = None) -> Holder:
         acquired_at = round(time.time(), 3)  # wall clock: shown to operators, never used for validity
-        return cls(token, hostname(), forks.pid(), label, acquired_at)
+        return cls(token, hostname(), _pid[0], label, acquired_at)
 
     @overload
     @classmethod
