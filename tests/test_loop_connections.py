@@ -53,3 +53,42 @@ def test_loops_that_end_leave_no_connections_or_memory(servers, run):
     assert files <= len(servers) and grown < 300_000, (
         f"{LOOPS} ended loops left {files} files open and {grown / 1024:.0f} kB allocated"
     )
+
+
+def test_loops_taking_turns_each_use_their_own_connections(servers):
+    """Two threads, each with its own event loop, take turns on one manager: every fan-out finds
+    its own loop's books (the node remembers the last loop's), never the other loop's sockets."""
+    import threading
+
+    manager = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    turns = [threading.Event(), threading.Event()]
+    loops: list[asyncio.AbstractEventLoop] = [None, None]  # type: ignore[list-item]
+    errors: list[BaseException] = []
+
+    def worker(me: int) -> None:
+        async def main() -> None:
+            loops[me] = asyncio.get_running_loop()
+            for i in range(20):
+                assert turns[me].wait(10)
+                turns[me].clear()
+                try:
+                    lock = await manager.acquire(f"turns-{me}-{i}", blocking=False)
+                    await lock.release()
+                    for anode in manager.anodes:
+                        books = anode.books
+                        conns = [conn for conn, _ in books.idle] + list(books.parked)
+                        assert conns and all(conn.transport._loop is loops[me] for conn in conns)
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    errors.append(exc)
+                turns[1 - me].set()
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=worker, args=(me,)) for me in (0, 1)]
+    for thread in threads:
+        thread.start()
+    turns[0].set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert all(len(anode._pools) >= 1 for anode in manager.anodes)
