@@ -40,6 +40,9 @@ def _json(value: object) -> str:
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
+_new = object.__new__
+
+
 @functools.lru_cache(maxsize=1024)
 def _json_cached(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
@@ -117,14 +120,18 @@ class Holder:
         acquired = data.get("a")
         label = data.get("l")
         host = data.get("h")
-        return cls(
-            token,
-            host if isinstance(host, str) else None,
-            pid if isinstance(pid, int) else None,
-            label if isinstance(label, str) else None,
-            float(acquired) if isinstance(acquired, (int, float)) else None,
-            members if isinstance(members := data.get("n"), int) and members > 1 else 1,
+        members = data.get("n")
+        # What __init__ would do, without its one object.__setattr__ a field (a listing decodes thousands).
+        holder = _new(cls)
+        holder.__dict__.update(
+            token=token,
+            host=host if isinstance(host, str) else None,
+            pid=pid if isinstance(pid, int) else None,
+            label=label if isinstance(label, str) else None,
+            acquired_at=float(acquired) if isinstance(acquired, (int, float)) else None,
+            members=members if isinstance(members, int) and members > 1 else 1,
         )
+        return holder
 
     def __str__(self) -> str:
         where = f"{self.host or '?'}:{self.pid if self.pid is not None else '?'}"
