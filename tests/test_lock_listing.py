@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 from io import StringIO
 
@@ -12,7 +14,7 @@ from django.urls import reverse
 
 from django_redlock import get_lock_manager
 from django_redlock.core import AsyncLockManager, LockManager, steps
-from django_redlock.core.listing import NODE_WAIT, ORDERS, read_listing
+from django_redlock.core.listing import NODE_WAIT, ORDERS, read_listing, without_gc
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import LIST
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
@@ -280,6 +282,34 @@ def test_holders_decoded_together_are_those_decoded_one_by_one():
     assert holders == [Holder.decode(v) for v in values]
     assert [str(h) for h in holders] == [str(Holder.decode(v)) for v in values]
     assert [type(h.acquired_at) for h in holders] == [type(Holder.decode(v).acquired_at) for v in values]
+    for h in holders:  # as the constructor builds them: equal, the same hash and fields, frozen
+        made = Holder(h.token, h.host, h.pid, h.label, h.acquired_at, h.members)
+        assert h == made and hash(h) == hash(made) and repr(h) == repr(made) and vars(h) == vars(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        holders[0].token = "other"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_listing_pauses_the_collector_and_leaves_it_as_it_was(enabled):
+    seen = []
+
+    @without_gc
+    def build(fail=False):
+        seen.append(gc.isenabled())
+        if fail:
+            raise RuntimeError("fails")
+        return "built"
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert build() == "built"
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError):
+            build(fail=True)
+        assert gc.isenabled() is enabled and seen == [False, False]
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 @pytest.mark.parametrize("rows", [None, slice(0, 100)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from io import StringIO
@@ -13,9 +14,9 @@ import redis
 from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
-from django_redlock.core.records import Holder
+from django_redlock.core.records import Holder, LockRecord, read_holders, seconds
 from django_redlock.exit_codes import ExitCode
-from django_redlock.management.commands.redlock import listing_json
+from django_redlock.management.commands.redlock import _seconds_text, listing_json, seconds_json
 from tests.conftest import eventually
 
 pytestmark = pytest.mark.usefixtures("redlock_settings")
@@ -210,6 +211,32 @@ def test_list_output_is_pinned_to_the_byte(servers):
     manager.acquire("timed", ttl=20, label="x")  # ttls that are not whole seconds
     records = manager.lock_listing().records
     assert listing_json(records, manager.nodes) == expected_json(records)
+
+
+def test_json_seconds_are_written_as_json_dumps_writes_them():
+    rng = random.Random(7)
+    pttls = [-1, 0, 1, 9, 10, 99, 100, 999, 1000, 1001, 59_999, 60_000, 10**15 - 1]
+    pttls += list(range(0, 300_000, 7)) + [rng.randrange(10**digits) for digits in range(4, 16) for _ in range(500)]
+    for chunk in (pttls, [p for p in pttls if p >= 0], [10**15, 5], [2**60]):
+        assert seconds_json(chunk) == [json.dumps(seconds(p)) for p in chunk]
+    odd = [0.0005, 1.0000001, 1e12, 1e13 + 0.5, 2.5e-7, -1.0, 123.4567]
+    for ttl in [seconds(p) for p in pttls] + odd:
+        assert _seconds_text(ttl) == json.dumps(ttl)
+
+
+def test_list_json_of_mixed_copies_is_json_dumps_output():
+    nodes = ("a:1/0", "b:2/0", "c:3/0", "d:4/0", "e:5/0")
+    one = Holder("tok", "host", 7, None, 1700000000.125).encode()
+    other = Holder("other", None, None, "l\u00e9", None, 2).encode()
+    records = [
+        LockRecord("plain", "redlock:lock:plain", nodes, (one,) * 5, (1500, 20, 0, 999, 10**15 + 3), (0,) * 5, 5, 3),
+        LockRecord("forever", "redlock:lock:forever", nodes[:4], (one,) * 4, (-1, 2001, -1, 5), (0, 2, 0, 1), 5, 3, ("e:5/0",)),
+        LockRecord("split", "redlock:lock:split", nodes, (one, other, one, other, "junk"), (1, 2, 3, 4, 5), (0,) * 5, 5, 3),
+        LockRecord("\u00fcber\"q", "redlock:lock:\u00fcber\"q", nodes[1:3], (other,) * 2, (7, 7), (0, 0), 5, 3),
+    ]
+    read_holders(records[:2])  # decoded together, and the others one by one
+    assert listing_json(records, nodes) == expected_json(records)
+    json.loads(listing_json(records, nodes))
 
 
 # -- Django's global options, after the subcommand as before it ------------------------------
