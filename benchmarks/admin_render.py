@@ -10,8 +10,9 @@ directions of resource and ttl), a search, a page past the end, and one lock's d
 ``redlock list`` (text and ``--json``, called in-process with ``call_command``, its output to
 memory); and the engine's full ``lock_listing()`` alone. Prints the median and the highest
 wall time of each case and its median CPU time (this process's) in milliseconds, one line each
-on stderr; then each target (every page of the change list and ``redlock list`` in either form
-under 150 ms, median wall time) with its measure and whether it is met; then all as JSON.
+on stderr; then each target (every page and ``redlock list`` in either form under 150 ms,
+median wall time; judged by ``targets.py``, as ``bench.py`` judges them) with its measure and
+verdict; then all as JSON.
 
 ``--nodes`` uses five running masters instead of starting its own (filled only if they hold no
 keys): several runs, of different checkouts, can then time the same keys in turn.
@@ -29,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import targets  # noqa: E402 (benchmarks/targets.py, beside this script)
 
 #: Change list queries timed, by case name.
 PAGES = {
@@ -64,22 +67,6 @@ def fill(url: str, locks: int, waiting: int) -> None:
         pipe.zadd(f"redlock:places:job-{i:05d}", {place: expiry for place in places})
     pipe.execute()
     client.close()
-
-
-#: The cases with a target: the change list's pages and ``redlock list``, each under this many ms (median).
-TARGET_MS = 150.0
-TARGETS = [*PAGES, "list_text", "list_json"]
-
-
-def verdicts(cases: dict) -> list[str]:
-    """One line a target: the case, the target, the median measured and whether it is met."""
-    lines = []
-    for name in TARGETS:
-        if name in cases:
-            median = cases[name]["median_ms"]
-            verdict = "met" if median < TARGET_MS else "NOT MET"
-            lines.append(f"target {name:<10} < {TARGET_MS:.0f} ms   measured {median:7.1f} ms   {verdict}")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -187,8 +174,7 @@ def run(args: argparse.Namespace, urls: list[str]) -> dict:
         cpu = round(statistics.median(cpus) * 1000, 1)
         result["cases"][name] = {"median_ms": median, "max_ms": top, "cpu_ms": cpu}
         print(f"{name:<10} median {median:7.1f} ms   max {top:7.1f} ms   cpu {cpu:7.1f} ms", file=sys.stderr)
-    for line in verdicts(result["cases"]):
-        print(line, file=sys.stderr)
+    print(targets.block(targets.admin_targets(result)), file=sys.stderr)
     print(json.dumps(result))
     return result
 

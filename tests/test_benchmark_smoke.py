@@ -182,7 +182,7 @@ def test_contention_targets_on_made_up_numbers():
 
 def test_admin_targets_on_made_up_numbers():
     judged = targets.admin_targets({"locks": 10_000, "cases": {"ttl": {"median_ms": 150.1}, "list_json": {
-        "median_ms": 149.9}, "list_text": {"median_ms": 12.0}}})
+        "median_ms": 149.9}, "list_text": {"median_ms": 12.0}, "listing": {"median_ms": 170.0}}})  # listing: no target
     assert [(t["target"], t["verdict"]) for t in judged] == [
         ("redlock list --json, 10,000 locks", "met"), ("redlock list (text), 10,000 locks", "met"),
         ("admin page: ttl, 10,000 locks", "NOT met")]
