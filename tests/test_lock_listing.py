@@ -312,6 +312,26 @@ def test_the_listing_pauses_the_collector_and_leaves_it_as_it_was(enabled):
         (gc.enable if was else gc.disable)()
 
 
+def test_an_interrupt_as_the_collector_pauses_leaves_it_running(monkeypatch):
+    # A signal handler (Ctrl-C, an alarm) runs as soon as gc.disable() returns: its exception
+    # must not leave the collector paused for the rest of the process.
+    pause = gc.disable
+
+    def interrupted() -> None:
+        pause()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gc, "disable", interrupted)
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            without_gc(lambda: "built")()
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else pause)()
+
+
 @pytest.mark.parametrize("rows", [None, slice(0, 100)])
 def test_a_node_down_while_listing_is_named_and_its_keys_left_out(manager, servers, rows):
     fill(servers)

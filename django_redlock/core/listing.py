@@ -51,8 +51,8 @@ def without_gc(method: _F) -> _F:
     def paused(*args: Any, **kwargs: Any) -> Any:
         if not gc.isenabled():  # paused already (by the caller, or another thread's listing)
             return method(*args, **kwargs)
-        gc.disable()
         try:
+            gc.disable()  # inside: a signal handler's exception as it returns still re-enables it
             return method(*args, **kwargs)
         finally:
             gc.enable()
