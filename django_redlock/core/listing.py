@@ -45,7 +45,9 @@ def without_gc(method: _F) -> _F:
     """Run ``method`` with the cyclic garbage collector paused: a listing of thousands of locks
     builds tens of thousands of objects that live on, and each of the collections they trigger
     walks every object of the process (a third of the listing's time, in a Django process).
-    Nothing it builds is a cycle; the collector runs again as soon as it returns."""
+    Nothing it builds is a cycle; the collector runs again as soon as it returns. The pause is the
+    process's, as ``timeit``'s is: a thread that turns the collector off while a listing runs finds
+    it on again when the listing ends."""
 
     @functools.wraps(method)
     def paused(*args: Any, **kwargs: Any) -> Any:
