@@ -57,7 +57,7 @@ def test_loops_that_end_leave_no_connections_or_memory(servers, run):
 
 def test_loops_taking_turns_each_use_their_own_connections(servers):
     """Two threads, each with its own event loop, take turns on one manager: every fan-out finds
-    its own loop's books (the node remembers the last loop's), never the other loop's sockets."""
+    its own loop's books, never the other loop's sockets."""
     import threading
 
     manager = AsyncLockManager(servers.urls, ttl=10.0, retry_count=0, node_timeout=0.5, restart_window=0)

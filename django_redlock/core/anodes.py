@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -117,8 +117,6 @@ class AsyncNode:
             weakref.WeakKeyDictionary()
         )
         self._pools_lock = forks.mutex(self, "_pools_lock")  # several threads may each run their own loop
-        #: The last fan-out's loop (weakly) and its books, set by the lookup that found them.
-        self._last: tuple[Callable[[], asyncio.AbstractEventLoop | None], NodeBooks[AConn] | None] = (_no_loop, None)
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
@@ -136,9 +134,6 @@ class AsyncNode:
 
     def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks[AConn]:
         """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
-        last_loop, books = self._last  # the usual case: the loop of the last fan-out (no weakref made)
-        if last_loop() is loop and pid == self._pid and books is not None:
-            return books
         books = self._pools.get(loop)
         if books is None or pid != self._pid:
             with self._pools_lock:
@@ -151,7 +146,6 @@ class AsyncNode:
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
-        self._last = (weakref.ref(loop), books)
         return books
 
     def _sweep_closed_loops(self) -> None:
@@ -317,10 +311,6 @@ def _usable(aconn: AConn, idle_for: float) -> bool:
         return True
     aconn.close()
     return False
-
-
-def _no_loop() -> None:
-    return None
 
 
 def _wake(future: asyncio.Future[None]) -> None:
