@@ -260,7 +260,7 @@ def seconds_json(pttls: Sequence[int]) -> list[str]:
     several times faster than repr() of a float. The whole seconds and the trimmed thousandths are
     the shortest text that reads back as ``pttl / 1000.0``, which is what repr() writes, up to
     10**15 ms; past that (and for -1, no expiry) repr() itself."""
-    if min(pttls) >= 0 and max(pttls) < 10**15:
+    if pttls and min(pttls) >= 0 and max(pttls) < 10**15:
         return list(
             map(
                 operator.add,
