@@ -19,6 +19,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_redlock import conf, signals
+from django_redlock.adapters import transactions
 from django_redlock.core import AsyncLockManager, Hooks, LockManager, forks
 from django_redlock.core.config import CombinedHooks
 
@@ -43,6 +44,7 @@ class SignalHooks(Hooks):
 
     def released(self, lock: Any) -> None:
         logger.debug("Released lock %r", lock.resource)
+        transactions.warn_if_in_transaction(lock)
         signals.lock_released.send(sender=self.sender, lock=lock)
 
     def extended(self, lock: Any) -> None:

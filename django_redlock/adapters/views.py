@@ -18,6 +18,7 @@ from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.core.async_manager import AsyncLockContext
 from django_redlock.core.lock import LockContext
+from django_redlock.adapters import transactions
 from django_redlock.adapters.answers import ApiView, answer_locked, answer_loss
 from django_redlock.adapters.keys import Keys, KeysSpec, find_request
 from django_redlock.exceptions import LockNotAcquired
@@ -98,34 +99,60 @@ def redlock(
             resource = spec.format(args, kwargs)
             conf.check_max_ttl(ttl)
             hold = get_lock_manager().lock(resource, auto_extend=auto_extend, **options)
-            return _run_held(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked)
+            return _run_held(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked, owner=wrapper)
 
+        # Resolved as a view, it opens the request's transactions inside its lock (Django would open them outside).
+        transactions.claim(wrapper, wrapper)
         return wrapper
 
     return decorator
 
 
 def _run_held(
-    hold: LockContext, call: Callable[[], Any], request: HttpRequest | None, on_locked: Any, api: ApiView | None = None
+    hold: LockContext,
+    call: Callable[[], Any],
+    request: HttpRequest | None,
+    on_locked: Any,
+    api: ApiView | None = None,
+    owner: object = None,
 ) -> Any:
     """Run ``call`` in ``hold``; a held lock is answered for a view (``api``: a REST framework view
-    held around its dispatch, which answers), raised otherwise."""
+    held around its dispatch, which answers), raised otherwise.
+
+    The lock is released after the transactions written under it end: ``owner`` (the view function or
+    class Django resolved) opens the request's ``ATOMIC_REQUESTS`` transactions inside the lock and
+    commits them while it is still held; a call inside a request transaction opened before the lock
+    leaves it once that transaction has ended (see :mod:`django_redlock.adapters.transactions`)."""
     try:
         lock = hold.__enter__()
     except LockNotAcquired as error:
         if request is None:
             raise
         return answer_locked(request, error, on_locked, api)
+    enclosing = transactions.Enclosing(request)
     try:
-        result = call()
-        if inspect.isawaitable(result):
-            _refuse_awaitable(result)
+        result = transactions.run(transactions.request_aliases(request, owner), lock, lambda: _checked(call))
     except BaseException:
-        hold.leave(raised=True)
+        if enclosing:
+            enclosing.leave_after(lambda: hold.leave(raised=True))
+        else:
+            hold.leave(raised=True)
         raise
     if _is_streaming(result) and lock.locked():
         return _leave_after_stream(result, hold.leave)
+    if enclosing and isinstance(result, HttpResponseBase):
+        # The request's transaction commits after this returns: checked now, released once it has ended.
+        loss = None if transactions.still_held(lock) else lock._loss_to_report()
+        enclosing.leave_after(lambda: hold.leave(raised=True))  # a loss found then is logged and signalled
+        return answer_loss(loss, result, request, api)
     return answer_loss(hold.leave(), result, request, api)
+
+
+def _checked(call: Callable[[], Any]) -> Any:
+    result = call()
+    if inspect.isawaitable(result):
+        _refuse_awaitable(result)
+    return result
 
 
 def _refuse_awaitable(result: Any) -> None:
@@ -233,7 +260,16 @@ class RedlockMixin:
             return _run_held_async(ahold, call, request, self.redlock_on_locked)
         hold = get_lock_manager().lock(resource, self.redlock_ttl, **options)
         api = (self, call) if _is_api_view(self) else None  # REST framework answers for its views
-        return _run_held(hold, call, request, self.redlock_on_locked, api)
+        return _run_held(hold, call, request, self.redlock_on_locked, api, owner=type(self))
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
+        """The view; a sync one opens the request's ``ATOMIC_REQUESTS`` transactions inside its lock
+        (Django refuses ``ATOMIC_REQUESTS`` for async views)."""
+        view: Callable[..., Any] = super().as_view(**initkwargs)  # type: ignore[misc]
+        if not cls.view_is_async:  # type: ignore[attr-defined]
+            transactions.claim(view, cls)
+        return view
 
 
 def _is_api_view(view: Any) -> bool:

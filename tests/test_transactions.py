@@ -1,0 +1,163 @@
+"""A lock is released after the transaction its holder's writes are in ends, on real PostgreSQL.
+
+Under ``ATOMIC_REQUESTS`` requests read, add one to and write one row while they hold a lock, waiting
+in line for it; the commit is slowed by a deferred trigger, as a busy database's is. A release before
+the commit lets the next holder read the old value: increments are lost while every request answers
+200. A ``lock_released`` receiver reads the row through a connection of its own at every release: the
+holder's transaction must be over by then (it is idle, and the value it wrote is visible).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+
+from tests.postgres import PostgresServer
+
+ON_POSTGRES = os.environ.get("REDLOCK_TEST_PG_PORT") is not None
+postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL (run by test_the_same_on_postgresql)")
+pytestmark = pytest.mark.urls("tests.urls_transactions")
+
+KINDS = ["function", "mixin", "method", "api_mixin", "api_handler", "api_function"]
+REQUESTS = 12
+SLOW_COMMIT = """
+CREATE OR REPLACE FUNCTION redlock_slow_commit() RETURNS trigger AS $$
+BEGIN PERFORM pg_sleep(0.1); RETURN NULL; END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS redlock_slow_commit ON tests_reading;
+CREATE CONSTRAINT TRIGGER redlock_slow_commit AFTER UPDATE ON tests_reading
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION redlock_slow_commit();
+"""
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch, redlock_settings, transactional_db):
+    """``ATOMIC_REQUESTS`` on the default database, a slow commit, and a row to count in."""
+    pytest.importorskip("rest_framework")
+    from django.db import connection
+
+    from tests.models import Reading
+
+    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "NODE_TIMEOUT": 0.5}
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    with connection.cursor() as cursor:
+        cursor.execute(SLOW_COMMIT)
+    yield Reading.objects.create(value=0)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS redlock_slow_commit ON tests_reading")
+
+
+@pytest.fixture
+def releases():
+    """What another connection saw at each release of a ``counter-*`` lock: (the value the holder
+    wrote, the value read, whether the holder's transaction was over)."""
+    import psycopg
+    from django.db import connection
+
+    from django_redlock.signals import lock_released
+    from tests.urls_transactions import WRITTEN
+
+    dsn = {k.lower(): connection.settings_dict[k] for k in ("HOST", "PORT", "USER", "NAME")}
+    dsn["dbname"] = dsn.pop("name")
+    seen: list[tuple[int | None, int, bool]] = []
+
+    def read(sender, lock, **kwargs):
+        if not lock.resource.startswith("counter-"):
+            return
+        with psycopg.connect(**dsn, autocommit=True) as own:
+            (value,) = own.execute("SELECT value FROM tests_reading").fetchone()
+            (state,) = own.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (WRITTEN.pid,)).fetchone()
+        seen.append((getattr(WRITTEN, "value", None), value, state == "idle"))  # idle: not in a transaction
+        WRITTEN.value = None
+
+    lock_released.connect(read, weak=False)
+    yield seen
+    lock_released.disconnect(read)
+
+
+def post(kind: str, pk: int, then: str = "") -> int:
+    """POST to the view as a client would, through Django's handler (and its ATOMIC_REQUESTS)."""
+    from django.db import connections
+    from django.test import Client
+
+    try:
+        query = f"?then={then}" if then else ""
+        return Client(raise_request_exception=False).post(f"/{kind}/{pk}/{query}").status_code
+    finally:
+        connections.close_all()
+
+
+def post_concurrently(kind: str, pk: int, count: int) -> list[int]:
+    statuses: list[int] = []
+    threads = [threading.Thread(target=lambda: statuses.append(post(kind, pk))) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads)
+    return statuses
+
+
+@postgres_only
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_increment_is_lost_and_the_release_comes_after_the_commit(kind, atomic_requests, releases):
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        statuses = post_concurrently(kind, atomic_requests.pk, REQUESTS)
+    assert [w.message for w in warned if w.category.__name__ == "ReleasedInTransaction"] == []
+    assert statuses == [200] * REQUESTS
+    atomic_requests.refresh_from_db()
+    lost = REQUESTS - atomic_requests.value
+    # At the release the holder's transaction is over and its write visible (or a later holder's already).
+    early = [(wrote, read, over) for wrote, read, over in releases if not (over and read >= wrote)]
+    assert (lost, early) == (0, []), (
+        f"{lost} of {REQUESTS} increments lost; {len(early)} of {len(releases)} releases before the "
+        f"commit (wrote, read elsewhere, transaction over): {early[:4]}"
+    )
+    assert len(releases) == REQUESTS
+
+
+@postgres_only
+@pytest.mark.parametrize(
+    "kind, then, status",
+    [(kind, "raise", 500) for kind in ("function", "mixin", "method", "api_mixin", "api_handler", "api_function")]
+    + [(kind, "invalid", 400) for kind in ("api_mixin", "api_handler", "api_function")],
+)
+def test_the_release_comes_after_the_rollback(kind, then, status, atomic_requests, releases):
+    assert post(kind, atomic_requests.pk, then) == status
+    atomic_requests.refresh_from_db()
+    assert atomic_requests.value == 0  # rolled back
+    assert releases == [(1, 0, True)]  # released once the rollback had ended the transaction
+
+
+@postgres_only
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lock_lost_before_the_commit_rolls_back(kind, atomic_requests, releases):
+    assert post(kind, atomic_requests.pk, "lose") == 500  # force-released by an operator mid-view
+    atomic_requests.refresh_from_db()
+    assert atomic_requests.value == 0
+
+
+@pytest.mark.skipif(ON_POSTGRES, reason="already inside the PostgreSQL run")
+def test_the_same_on_postgresql():
+    server = PostgresServer()
+    if not server.available:
+        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    pytest.importorskip("psycopg")
+    pytest.importorskip("rest_framework")
+    server.start()
+    try:
+        env = dict(os.environ, REDLOCK_TEST_PG_PORT=str(server.port))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ds=tests.settings_postgres",
+             __file__, "-k", "not the_same_on_postgresql"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        assert "passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+    finally:
+        server.stop()

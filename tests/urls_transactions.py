@@ -1,0 +1,97 @@
+"""Views that read, modify and write a row under a lock, for tests/test_transactions.py.
+
+Each view locks ``counter-<kind>``, waits in line for it, reads the row ``Reading(pk)``, adds one and
+saves it, and notes in ``WRITTEN`` (per thread) the value it wrote: a ``lock_released`` receiver
+compares it with what another connection reads at the release.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.http import HttpResponse
+from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_redlock import get_lock_manager, redlock
+from django_redlock.decorators import RedlockMixin
+
+WAIT = {"ttl": 10, "blocking": True, "timeout": 60}
+WRITTEN = threading.local()
+
+
+def increment(pk: int, request) -> int:
+    """The read-modify-write the lock protects; ``?then=`` says what happens after the write."""
+    from django.db import connection
+
+    from tests.models import Reading
+
+    row = Reading.objects.get(pk=pk)
+    row.value += 1
+    row.save(update_fields=["value"])
+    WRITTEN.pid = connection.connection.info.backend_pid
+    WRITTEN.value = row.value
+    then = request.GET.get("then")
+    if then == "raise":
+        raise RuntimeError("the view failed after its write")
+    if then == "invalid":
+        raise ValidationError("refused after the write")  # REST framework: 400, and set_rollback()
+    if then == "lose":
+        get_lock_manager().force_release(f"counter-{request.resolver_match.url_name}")  # an operator
+    return row.value
+
+
+@redlock("counter-function", **WAIT)
+def function(request, pk):
+    return HttpResponse(str(increment(pk, request)))
+
+
+class Mixin(RedlockMixin, View):
+    redlock_key = "counter-mixin"
+    redlock_ttl, redlock_blocking, redlock_timeout = 10, True, 60
+
+    def post(self, request, pk):
+        return HttpResponse(str(increment(pk, request)))
+
+
+@method_decorator(redlock("counter-method", **WAIT), name="post")
+class Method(View):
+    def post(self, request, pk):
+        return HttpResponse(str(increment(pk, request)))
+
+
+class ApiMixin(RedlockMixin, APIView):
+    redlock_key = "counter-api_mixin"
+    redlock_ttl, redlock_blocking, redlock_timeout = 10, True, 60
+
+    def post(self, request, pk):
+        return Response({"value": increment(pk, request)})
+
+
+class ApiHandler(APIView):
+    @redlock("counter-api_handler", **WAIT)
+    def post(self, request, pk):
+        return Response({"value": increment(pk, request)})
+
+
+@api_view(["POST"])
+@redlock("counter-api_function", **WAIT)
+def api_function(request, pk):
+    return Response({"value": increment(pk, request)})
+
+
+KINDS = {
+    "function": function,
+    "mixin": Mixin.as_view(),
+    "method": Method.as_view(),
+    "api_mixin": ApiMixin.as_view(),
+    "api_handler": ApiHandler.as_view(),
+    "api_function": api_function,
+}
+
+urlpatterns = [path(f"{kind}/<int:pk>/", view, name=kind) for kind, view in KINDS.items()]
