@@ -35,15 +35,34 @@ CREATE CONSTRAINT TRIGGER redlock_slow_commit AFTER UPDATE ON tests_reading
 
 
 @pytest.fixture
-def atomic_requests(monkeypatch, redlock_settings, transactional_db):
-    """``ATOMIC_REQUESTS`` on the default database, a slow commit, and a row to count in."""
+def requests_atomic(monkeypatch, redlock_settings, transactional_db):
+    """``ATOMIC_REQUESTS`` on the default database; ``SEEN`` notes, at each release of a ``probe-*``
+    lock, whether this thread's connection is still in a transaction."""
     pytest.importorskip("rest_framework")
+    from django.db import connection
+
+    from django_redlock.signals import lock_released
+    from tests.urls_transactions import SEEN
+
+    def released(sender, lock, **kwargs):
+        if lock.resource.startswith("probe-"):
+            SEEN.append(("released: in a transaction", connection.in_atomic_block))
+
+    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "NODE_TIMEOUT": 0.5}
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    SEEN.clear()
+    lock_released.connect(released, weak=False)
+    yield SEEN
+    lock_released.disconnect(released)
+
+
+@pytest.fixture
+def atomic_requests(requests_atomic):
+    """``ATOMIC_REQUESTS``, a slow commit, and a row to count in (PostgreSQL)."""
     from django.db import connection
 
     from tests.models import Reading
 
-    redlock_settings.REDLOCK = {**redlock_settings.REDLOCK, "NODE_TIMEOUT": 0.5}
-    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
     with connection.cursor() as cursor:
         cursor.execute(SLOW_COMMIT)
     yield Reading.objects.create(value=0)
@@ -140,6 +159,93 @@ def test_a_lock_lost_before_the_commit_rolls_back(kind, atomic_requests, release
     assert post(kind, atomic_requests.pk, "lose") == 500  # force-released by an operator mid-view
     atomic_requests.refresh_from_db()
     assert atomic_requests.value == 0
+
+
+# -- the order, seen from inside (SQLite and PostgreSQL) ---------------------------------------
+
+IN_ORDER = [("view: in a transaction", True), ("on_commit: locked", True), ("released: in a transaction", False)]
+
+
+@pytest.mark.parametrize("name", ["function", "mixin"])
+def test_the_view_s_transaction_opens_inside_the_lock_and_ends_before_the_release(name, requests_atomic):
+    from django.test import Client
+
+    from tests.models import Reading
+
+    assert Client().get(f"/probe/{name}/").status_code == 200
+    assert requests_atomic == IN_ORDER  # on_commit callbacks run under the lock too
+    assert Reading.objects.filter(value=7).count() == 1
+
+
+@pytest.mark.parametrize("name", ["opted_out_above", "opted_out_below"])
+def test_non_atomic_requests_on_a_locked_view_is_kept(name, requests_atomic):
+    from django.test import Client
+
+    assert Client().get(f"/probe/{name}/").status_code == 200
+    assert requests_atomic == [("view: in a transaction", False), *IN_ORDER[1:]]
+
+
+def test_a_lock_that_expired_before_the_commit_rolls_the_request_back(requests_atomic):
+    from django.test import Client
+
+    from tests.models import Reading
+
+    response = Client(raise_request_exception=False).get("/probe/expiring/", headers={"Accept": "application/json"})
+    assert (response.status_code, response.json()["code"]) == (500, "lock_lost")
+    assert not Reading.objects.filter(value=7).exists()
+    assert requests_atomic == [IN_ORDER[0], IN_ORDER[2]]  # rolled back: no on_commit
+
+
+def test_async_views_under_atomic_requests_are_refused_as_django_refuses_them(requests_atomic):
+    from django.core.handlers.base import BaseHandler
+    from django.http import HttpResponse
+    from django.views import View
+
+    from django_redlock import redlock
+    from django_redlock.decorators import RedlockMixin
+
+    @redlock("async-view", ttl=5)
+    async def function(request):
+        return HttpResponse()
+
+    class Mixin(RedlockMixin, View):
+        redlock_key = "async-mixin"
+
+        async def get(self, request):
+            return HttpResponse()
+
+    for view in (function, Mixin.as_view()):
+        with pytest.raises(RuntimeError, match="You cannot use ATOMIC_REQUESTS with async views"):
+            BaseHandler().make_view_atomic(view)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_released_inside_a_transaction_warns(redlock_settings):
+    from django.db import transaction
+
+    from django_redlock import get_lock_manager
+    from django_redlock.adapters.transactions import ReleasedInTransaction
+
+    message = r"'in-atomic' was released inside a transaction that is still open \(database 'default'\)"
+    with transaction.atomic(), pytest.warns(ReleasedInTransaction, match=message):
+        with get_lock_manager().lock("in-atomic", ttl=5):
+            pass
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with get_lock_manager().lock("lock-then-atomic", ttl=5), transaction.atomic():
+            pass
+    assert [w for w in warned if w.category is ReleasedInTransaction] == []
+
+
+@pytest.mark.django_db
+def test_a_test_case_s_own_transaction_is_no_reason_to_warn(redlock_settings):
+    from django_redlock import get_lock_manager
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with get_lock_manager().lock("in-a-test", ttl=5):
+            pass
+    assert [w for w in warned if w.category.__name__ == "ReleasedInTransaction"] == []
 
 
 @pytest.mark.skipif(ON_POSTGRES, reason="already inside the PostgreSQL run")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+from django.db import transaction
 from django.http import HttpResponse
 from django.urls import path
 from django.utils.decorators import method_decorator
@@ -85,6 +86,65 @@ def api_function(request, pk):
     return Response({"value": increment(pk, request)})
 
 
+# -- what a view sees of its transaction and lock -----------------------------------------------
+
+SEEN: list[tuple[str, bool]] = []
+
+
+def probe(name: str) -> HttpResponse:
+    """Note whether the request's transaction is open and whether ``probe-<name>`` is held, now and
+    once the transaction has committed."""
+    from django.db import connection, transaction
+
+    from tests.models import Reading
+
+    Reading.objects.create(value=7)
+    SEEN.append(("view: in a transaction", connection.in_atomic_block))
+    transaction.on_commit(lambda: SEEN.append(("on_commit: locked", get_lock_manager().is_locked(f"probe-{name}"))))
+    return HttpResponse("ok")
+
+
+@redlock("probe-function", ttl=10)
+def probe_function(request):
+    return probe("function")
+
+
+class ProbeMixin(RedlockMixin, View):
+    redlock_key, redlock_ttl = "probe-mixin", 10
+
+    def get(self, request):
+        return probe("mixin")
+
+
+@transaction.non_atomic_requests
+@redlock("probe-opted_out_above", ttl=10)
+def probe_opted_out_above(request):
+    return probe("opted_out_above")
+
+
+@redlock("probe-opted_out_below", ttl=10)
+@transaction.non_atomic_requests
+def probe_opted_out_below(request):
+    return probe("opted_out_below")
+
+
+@redlock("probe-expiring", ttl=0.3)
+def probe_expiring(request):
+    from tests.conftest import eventually
+
+    response = probe("expiring")
+    eventually(lambda: not get_lock_manager().is_locked("probe-expiring"), 30)  # past its validity
+    return response
+
+
+PROBES = {
+    "function": probe_function,
+    "mixin": ProbeMixin.as_view(),
+    "opted_out_above": probe_opted_out_above,
+    "opted_out_below": probe_opted_out_below,
+    "expiring": probe_expiring,
+}
+
 KINDS = {
     "function": function,
     "mixin": Mixin.as_view(),
@@ -94,4 +154,6 @@ KINDS = {
     "api_function": api_function,
 }
 
-urlpatterns = [path(f"{kind}/<int:pk>/", view, name=kind) for kind, view in KINDS.items()]
+urlpatterns = [path(f"{kind}/<int:pk>/", view, name=kind) for kind, view in KINDS.items()] + [
+    path(f"probe/{name}/", view) for name, view in PROBES.items()
+]
