@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
@@ -33,9 +33,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS
 
 from django_redlock import conf
 from django_redlock.core import Lock, base
+from django_redlock.adapters import transactions
 from django_redlock.adapters.answers import retry_after_seconds
 from django_redlock.adapters.keys import Keys, KeysSpec
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
@@ -74,6 +76,7 @@ def redlock_task(
     wait_timeout: float | None = None,
     auto_extend: bool = True,
     label: str | None = None,
+    atomic: bool | str | Sequence[str] = False,
 ) -> Callable[[F], F]:
     """Run a Celery task's body while holding a Redlock; stack it under ``@app.task``.
 
@@ -112,6 +115,13 @@ def redlock_task(
     lock is released when the body returns or raises, ``self.retry()``
     included. ``label`` (default: the task's name and id) is shown by
     ``manage.py redlock list``.
+
+    ``atomic=True`` runs the body in a transaction on the default database
+    (a database alias, or a list of them: on each), opened inside the lock
+    and committed before the release, only if the lock is still held then
+    (the nodes are asked); otherwise it is rolled back and the task fails
+    with ``LockLost``. A body that raises (``self.retry()`` included) is
+    rolled back. Its ``on_commit`` callbacks run under the lock.
     """
     if when_locked not in MODES:
         raise ImproperlyConfigured(f"when_locked must be one of {', '.join(map(repr, MODES))}; got {when_locked!r}.")
@@ -130,11 +140,12 @@ def redlock_task(
     base.check_flag(auto_extend, "auto_extend")
     if label is not None and not isinstance(label, str):
         raise ImproperlyConfigured(f"label must be a string or None; got {label!r}.")
+    aliases = _atomic_aliases(atomic)
 
     def decorator(func: F) -> F:
         _check_target(func)
         spec = Keys(key, func)
-        runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label)
+        runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label, aliases)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -145,6 +156,19 @@ def redlock_task(
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+def _atomic_aliases(atomic: Any) -> tuple[str, ...]:
+    """The databases ``atomic=`` names, the first one's transaction innermost."""
+    if atomic is True or atomic is False:
+        return (DEFAULT_DB_ALIAS,) if atomic else ()
+    if isinstance(atomic, str):
+        atomic = [atomic]
+    if isinstance(atomic, (list, tuple)) and atomic and all(isinstance(a, str) and a for a in atomic):
+        return tuple(atomic)
+    raise ImproperlyConfigured(
+        f"atomic must be True, False, a database alias or a list of aliases (e.g. ['default']); got {atomic!r}."
+    )
 
 
 def _check_target(func: Any) -> None:
@@ -169,6 +193,7 @@ class _Runner:
     wait_timeout: float | None
     auto_extend: bool
     label: str | None
+    atomic: tuple[str, ...]
 
     def __call__(self, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from django_redlock.manager import get_lock_manager
@@ -204,7 +229,8 @@ class _Runner:
             raise
         token = _current.set(lock)
         try:
-            result = self.func(*args, **kwargs)
+            # A transaction asked for commits inside the lock, while it is still held, before the release.
+            result = transactions.run(list(self.atomic), lock, lambda: self.func(*args, **kwargs))
         except BaseException as exc:
             _current.reset(token)
             # Asked as if the body had ended well, for the log line: the body's own exception goes on.
@@ -258,7 +284,7 @@ def _describe(task: Any, name: str) -> str:
 
 
 #: The keys of ``RedlockTask.redlock``: ``key`` (required) and :func:`redlock_task`'s keyword arguments.
-OPTION_KEYS: tuple[str, ...] = ("key", "ttl", "when_locked", "wait_timeout", "auto_extend", "label")
+OPTION_KEYS: tuple[str, ...] = ("key", "ttl", "when_locked", "wait_timeout", "auto_extend", "label", "atomic")
 
 
 class RedlockTask(celery.Task):  # type: ignore[misc]
@@ -270,7 +296,7 @@ class RedlockTask(celery.Task):  # type: ignore[misc]
         def build_report(customer_id): ...
 
     ``redlock`` takes ``key`` and the keyword arguments of :func:`redlock_task`
-    (``ttl``, ``when_locked``, ``wait_timeout``, ``auto_extend``, ``label``),
+    (``ttl``, ``when_locked``, ``wait_timeout``, ``auto_extend``, ``label``, ``atomic``),
     with the same behaviour. It also works for class-based tasks (set the
     ``redlock`` attribute and define ``run``). Mistakes are reported when
     Celery creates the task class, which for ``@shared_task`` and lazy apps is

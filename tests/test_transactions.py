@@ -248,6 +248,49 @@ def test_a_test_case_s_own_transaction_is_no_reason_to_warn(redlock_settings):
     assert [w for w in warned if w.category.__name__ == "ReleasedInTransaction"] == []
 
 
+# -- Celery: atomic=True ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_s_transaction_commits_inside_its_lock_and_only_while_it_is_held(redlock_settings):
+    celery = pytest.importorskip("celery", minversion="5.3")
+    from django.db import connection, transaction
+
+    from django_redlock import get_lock_manager
+    from django_redlock.celery import redlock_task
+    from django_redlock.exceptions import LockLost
+    from tests.models import Reading
+
+    app = celery.Celery("transactions", set_as_current=False)
+    seen = []
+
+    @app.task
+    @redlock_task("task-{n}", ttl=10, when_locked="fail", atomic=True)
+    def write(n, lose=False):
+        Reading.objects.create(value=n)
+        seen.append(("body: in a transaction", connection.in_atomic_block))
+        transaction.on_commit(lambda: seen.append(("on_commit: locked", get_lock_manager().is_locked(f"task-{n}"))))
+        if lose:
+            get_lock_manager().force_release(f"task-{n}")  # an operator
+        return n
+
+    assert write.apply((1,)).get() == 1
+    assert seen == [("body: in a transaction", True), ("on_commit: locked", True)]
+    assert isinstance(write.apply((2, True)).result, LockLost)
+    assert list(Reading.objects.values_list("value", flat=True)) == [1]  # the second was rolled back
+
+
+@pytest.mark.parametrize("atomic", ["", [], ["default", 3], 1, None])
+def test_a_task_s_atomic_must_name_databases(atomic):
+    pytest.importorskip("celery", minversion="5.3")
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_redlock.celery import redlock_task
+
+    with pytest.raises(ImproperlyConfigured, match="atomic must be True, False, a database alias or a list"):
+        redlock_task("k", atomic=atomic)
+
+
 @pytest.mark.skipif(ON_POSTGRES, reason="already inside the PostgreSQL run")
 def test_the_same_on_postgresql():
     server = PostgresServer()
