@@ -185,6 +185,50 @@ def test_non_atomic_requests_on_a_locked_view_is_kept(name, requests_atomic):
     assert requests_atomic == [("view: in a transaction", False), *IN_ORDER[1:]]
 
 
+def test_a_streamed_response_commits_before_it_is_sent_and_is_released_after(requests_atomic):
+    from django.test import Client
+
+    response = Client().get("/probe/streaming/")
+    assert b"".join(response.streaming_content) == b"ok"
+    response.close()
+    assert requests_atomic == [
+        *IN_ORDER[:2], ("stream: in a transaction", False), ("stream: locked", True), IN_ORDER[2]
+    ]
+
+
+@pytest.fixture
+def other_database(requests_atomic, monkeypatch):
+    """A second alias, ``other``, on the same database, with ``ATOMIC_REQUESTS`` too."""
+    from django.db import connections
+
+    monkeypatch.setitem(connections.settings, "other", dict(connections.settings["default"]))
+    connections["other"].connect()  # the test case allows the aliases it knew; connected, this one is used as is
+    yield requests_atomic
+    connections["other"].close()
+    del connections["other"]
+
+
+@pytest.mark.parametrize("name, opened", [("databases", (True, True)), ("databases_opted_out", (True, False))])
+def test_each_database_s_transaction_opens_inside_the_lock(name, opened, other_database):
+    from django.db import connections
+    from django.test import Client
+
+    from django_redlock.signals import lock_released
+
+    def released(sender, lock, **kwargs):
+        in_transactions = tuple(connections[a].in_atomic_block for a in ("default", "other"))
+        other_database.append(("released: in transactions", in_transactions))
+
+    lock_released.connect(released)
+    try:
+        assert Client().get(f"/probe/{name}/").status_code == 200
+    finally:
+        lock_released.disconnect(released)
+    assert other_database == [
+        ("view: in transactions", opened), IN_ORDER[2], ("released: in transactions", (False, False))
+    ]
+
+
 def test_a_lock_that_expired_before_the_commit_rolls_the_request_back(requests_atomic):
     from django.test import Client
 

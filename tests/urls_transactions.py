@@ -137,12 +137,44 @@ def probe_expiring(request):
     return response
 
 
+@redlock("probe-streaming", ttl=10)
+def probe_streaming(request):
+    from django.db import connection
+    from django.http import StreamingHttpResponse
+
+    probe("streaming")
+
+    def body():
+        SEEN.append(("stream: in a transaction", connection.in_atomic_block))
+        SEEN.append(("stream: locked", get_lock_manager().is_locked("probe-streaming")))
+        yield b"ok"
+
+    return StreamingHttpResponse(body())
+
+
+@redlock("probe-databases", ttl=10)
+def probe_databases(request):
+    from django.db import connections
+
+    SEEN.append(("view: in transactions", tuple(connections[a].in_atomic_block for a in ("default", "other"))))
+    return HttpResponse("ok")
+
+
+@transaction.non_atomic_requests(using="other")
+@redlock("probe-databases_opted_out", ttl=10)
+def probe_databases_opted_out(request):
+    return probe_databases.__wrapped__(request)
+
+
 PROBES = {
     "function": probe_function,
     "mixin": ProbeMixin.as_view(),
     "opted_out_above": probe_opted_out_above,
     "opted_out_below": probe_opted_out_below,
     "expiring": probe_expiring,
+    "streaming": probe_streaming,
+    "databases": probe_databases,
+    "databases_opted_out": probe_databases_opted_out,
 }
 
 KINDS = {
