@@ -23,7 +23,7 @@ ON_POSTGRES = os.environ.get("REDLOCK_TEST_PG_PORT") is not None
 postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL (run by test_the_same_on_postgresql)")
 pytestmark = pytest.mark.urls("tests.urls_transactions")
 
-KINDS = ["function", "mixin", "method", "api_mixin", "api_handler", "api_function"]
+KINDS = ["function", "mixin", "method", "api_mixin", "api_viewset", "api_handler", "api_function"]
 REQUESTS = 12
 SLOW_COMMIT = """
 CREATE OR REPLACE FUNCTION redlock_slow_commit() RETURNS trigger AS $$
@@ -143,8 +143,8 @@ def test_no_increment_is_lost_and_the_release_comes_after_the_commit(kind, atomi
 @postgres_only
 @pytest.mark.parametrize(
     "kind, then, status",
-    [(kind, "raise", 500) for kind in ("function", "mixin", "method", "api_mixin", "api_handler", "api_function")]
-    + [(kind, "invalid", 400) for kind in ("api_mixin", "api_handler", "api_function")],
+    [(kind, "raise", 500) for kind in KINDS]
+    + [(kind, "invalid", 400) for kind in ("api_mixin", "api_viewset", "api_handler", "api_function")],
 )
 def test_the_release_comes_after_the_rollback(kind, then, status, atomic_requests, releases):
     assert post(kind, atomic_requests.pk, then) == status

@@ -18,6 +18,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from rest_framework.viewsets import ViewSet
 
 from django_redlock import get_lock_manager, redlock
 from django_redlock.decorators import RedlockMixin
@@ -77,6 +78,14 @@ class ApiMixin(RedlockMixin, APIView):
 class ApiHandler(APIView):
     @redlock("counter-api_handler", **WAIT)
     def post(self, request, pk):
+        return Response({"value": increment(pk, request)})
+
+
+class ApiViewSet(RedlockMixin, ViewSet):
+    redlock_key = "counter-api_viewset"
+    redlock_ttl, redlock_blocking, redlock_timeout = 10, True, 60
+
+    def create(self, request, pk):
         return Response({"value": increment(pk, request)})
 
 
@@ -183,6 +192,7 @@ KINDS = {
     "method": Method.as_view(),
     "api_mixin": ApiMixin.as_view(),
     "api_handler": ApiHandler.as_view(),
+    "api_viewset": ApiViewSet.as_view({"post": "create"}),
     "api_function": api_function,
 }
 

@@ -263,10 +263,10 @@ class RedlockMixin:
         return _run_held(hold, call, request, self.redlock_on_locked, api, owner=type(self))
 
     @classmethod
-    def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
-        """The view; a sync one opens the request's ``ATOMIC_REQUESTS`` transactions inside its lock
-        (Django refuses ``ATOMIC_REQUESTS`` for async views)."""
-        view: Callable[..., Any] = super().as_view(**initkwargs)  # type: ignore[misc]
+    def as_view(cls, *args: Any, **initkwargs: Any) -> Callable[..., Any]:
+        """The view (``args``: a REST framework ViewSet's actions); a sync one opens the request's
+        ``ATOMIC_REQUESTS`` transactions inside its lock (Django refuses ``ATOMIC_REQUESTS`` for async views)."""
+        view: Callable[..., Any] = super().as_view(*args, **initkwargs)  # type: ignore[misc]
         if not cls.view_is_async:  # type: ignore[attr-defined]
             transactions.claim(view, cls)
         return view
