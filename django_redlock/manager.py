@@ -44,8 +44,8 @@ class SignalHooks(Hooks):
 
     def released(self, lock: Any) -> None:
         logger.debug("Released lock %r", lock.resource)
-        transactions.warn_if_in_transaction(lock)
         signals.lock_released.send(sender=self.sender, lock=lock)
+        transactions.warn_if_in_transaction(lock)  # last: under -W error it raises, and the hook is left there
 
     def extended(self, lock: Any) -> None:
         logger.debug("Extended lock %r by %.1f s", lock.resource, lock.ttl)

@@ -269,6 +269,7 @@ def test_a_lock_released_inside_a_transaction_warns(redlock_settings):
 
     from django_redlock import get_lock_manager
     from django_redlock.adapters.transactions import ReleasedInTransaction
+    from django_redlock.signals import lock_released
 
     message = r"'in-atomic' was released inside a transaction that is still open \(database 'default'\)"
     with transaction.atomic(), pytest.warns(ReleasedInTransaction, match=message):
@@ -279,6 +280,17 @@ def test_a_lock_released_inside_a_transaction_warns(redlock_settings):
         with get_lock_manager().lock("lock-then-atomic", ttl=5), transaction.atomic():
             pass
     assert [w for w in warned if w.category is ReleasedInTransaction] == []
+    # Made an error, it is logged rather than raised: the release and its signal happen all the same.
+    released = []
+    lock_released.connect(receiver := lambda sender, lock, **kwargs: released.append(lock.resource))
+    try:
+        with transaction.atomic(), warnings.catch_warnings():
+            warnings.simplefilter("error", ReleasedInTransaction)
+            with get_lock_manager().lock("in-atomic", ttl=5):
+                pass
+    finally:
+        lock_released.disconnect(receiver)
+    assert released == ["in-atomic"] and not get_lock_manager().is_locked("in-atomic")
 
 
 @pytest.mark.django_db

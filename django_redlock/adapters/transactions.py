@@ -125,14 +125,12 @@ class Enclosing:
         """Call ``leave`` once every enclosing transaction has committed, or, if one is rolled back,
         once the response is closed (Django closes the request with it, after the rollback)."""
         once = _Once(leave)
-        pending = [len(self.aliases)]
-        count = threading.Lock()
+        pending = len(self.aliases)
 
-        def committed() -> None:
-            with count:
-                pending[0] -= 1
-                last = pending[0] == 0
-            if last:
+        def committed() -> None:  # run by each alias's commit, in this thread
+            nonlocal pending
+            pending -= 1
+            if pending == 0:
                 once()
 
         for alias in self.aliases:
