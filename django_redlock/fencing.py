@@ -136,7 +136,7 @@ def fenced_update(queryset: models.QuerySet[Any], token: int, *, field: str | No
             # InnoDB answers a locking read from the newest committed rows, a plain one at
             # REPEATABLE READ from the transaction's snapshot.
             newer = newer.select_for_update(of=of)
-        newest = max(newer.values_list(name, flat=True), default=None)
+        newest = newer.order_by(f"-{name}").values_list(name, flat=True).first()
         if newest is not None:
             raise StaleToken(
                 f"Refused a write with fencing token {token}: {queryset.model.__name__} already holds token "
