@@ -5,13 +5,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django_redlock import lazy
-from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable, StaleToken
+from django_redlock.exceptions import (
+    FencingUnverifiable,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    StaleToken,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncLock",
     "AsyncLockManager",
+    "FencingUnverifiable",
     "Lock",
     "LockError",
     "LockLost",

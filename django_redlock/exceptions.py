@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken"]
+__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken", "FencingUnverifiable"]
 
 
 class LockError(Exception):
@@ -59,3 +59,7 @@ class StaleToken(LockLost):
         self.token = token
         #: The higher token the storage holds.
         self.stored = stored
+
+
+class FencingUnverifiable(LockError):
+    """A fenced write was refused unwritten: its transaction's snapshot may hide a newer holder's rows."""

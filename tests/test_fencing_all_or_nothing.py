@@ -132,3 +132,93 @@ def test_concurrent_newer_writer_waits_then_refuses():
         newer.close()
     assert isinstance(outcome.get("error"), StaleToken), outcome
     assert states(Invoice) == [("open", 0), ("new", 7)]  # A untouched: all or nothing
+
+
+def needs_postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("needs two real connections to one database and its isolation levels (PostgreSQL run)")
+
+
+@pytest.fixture
+def newer_holder():
+    """A second connection to the database: a newer holder's process, committing at once."""
+    newer = connections.create_connection("default")
+    yield newer
+    newer.close()
+
+
+NEWER_WRITES = {
+    "adds a row": "INSERT INTO tests_invoice (number, status, fencing_token) VALUES ('C', 'new', 7)",
+    "changes a row": "UPDATE tests_invoice SET status = 'new', fencing_token = 7 WHERE number = 'B'",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+@pytest.mark.parametrize("newer_write", NEWER_WRITES)
+def test_an_outer_snapshot_older_than_a_newer_holders_write_is_refused(level, newer_write, newer_holder):
+    """Holder A reads its rows in a transaction, pauses; B writes with a higher token; A writes.
+
+    A's snapshot cannot show B's write, so fenced_update cannot tell whether A is stale: it
+    refuses, writes nothing, and A's transaction goes on.
+    """
+    needs_postgresql()
+    from django_redlock.exceptions import FencingUnverifiable
+    from tests.models import Invoice
+
+    Invoice.objects.create(number="A")
+    Invoice.objects.create(number="B")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        assert Invoice.objects.count() == 2  # A's snapshot is taken here
+        with newer_holder.cursor() as cursor:
+            cursor.execute(NEWER_WRITES[newer_write])  # autocommit: committed before A goes on
+        try:
+            outcome = Invoice.objects.filter(number__in="ABC").fenced_update(5, status="stale")
+        except Exception as exc:  # noqa: BLE001 - compared below
+            outcome = exc
+        assert Invoice.objects.count() == 2  # still usable: the refusal rolled back its savepoint only
+    written = [r for r in states(Invoice) if r[0] == "stale"]
+    assert isinstance(outcome, FencingUnverifiable) and not written, (outcome, states(Invoice))
+    assert level in str(outcome) and "nothing was written" in str(outcome)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_its_own_transaction_sees_every_earlier_commit_at_any_level(level, newer_holder):
+    """Outside a transaction, fenced_update's snapshot is taken in the call: B's earlier row refuses A."""
+    needs_postgresql()
+    from tests.models import Invoice
+
+    Invoice.objects.create(number="A")
+    Invoice.objects.create(number="B")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {level}")
+    try:
+        assert Invoice.objects.filter(number__in="AB").fenced_update(5, status="first") == 2
+        with newer_holder.cursor() as cursor:
+            cursor.execute(NEWER_WRITES["adds a row"])
+        with pytest.raises(StaleToken) as info:
+            Invoice.objects.filter(number__in="ABC").fenced_update(6, status="stale")
+        assert (info.value.token, info.value.stored) == (6, 7)
+        assert Invoice.objects.filter(number__in="ABC").fenced_update(7, status="newest") == 3
+    finally:
+        connection.close()  # the session's isolation level goes with it
+    assert states(Invoice) == [("newest", 7)] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_read_committed_outer_transaction_sees_the_newer_row(newer_holder):
+    """At READ COMMITTED (Django's default) each statement sees every earlier commit: A is stale."""
+    needs_postgresql()
+    from tests.models import Invoice
+
+    Invoice.objects.create(number="A")
+    with transaction.atomic():
+        assert Invoice.objects.count() == 1
+        with newer_holder.cursor() as cursor:
+            cursor.execute(NEWER_WRITES["adds a row"])
+        with pytest.raises(StaleToken):
+            Invoice.objects.filter(number__in="AC").fenced_update(5, status="stale")
+    assert states(Invoice) == [("open", 0), ("new", 7)]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from django_redlock.exceptions import LockLost, StaleToken
-from tests.postgres import PostgresServer
+from tests.postgres import usable_server
 
 pytestmark = pytest.mark.django_db
 
@@ -63,13 +63,7 @@ def test_field_deconstructs_cleanly():
 
 @pytest.mark.skipif(os.environ.get("REDLOCK_TEST_PG_PORT") is not None, reason="already inside the PostgreSQL run")
 def test_the_same_on_postgresql():
-    server = PostgresServer()
-    if not server.available:
-        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql); SQLite run only")
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("psycopg is not installed (pip install 'psycopg[binary]')")
+    server = usable_server()
     server.start()
     try:
         env = dict(os.environ, REDLOCK_TEST_PG_PORT=str(server.port))
