@@ -1,0 +1,60 @@
+"""``@redlock_command``'s options refuse values the lock cannot use: a usage error that names the
+option and what it expects, before anything is locked (never a traceback, never a silent default)."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_redlock import get_lock_manager
+from django_redlock.exit_codes import ExitCode
+from tests.test_command_exit_codes import manage
+
+pytestmark = pytest.mark.usefixtures("redlock_settings")
+
+BAD = [("--lock-ttl", value) for value in ("-1", "nan", "0.001", "0", "inf")] + [
+    ("--lock-wait", value) for value in ("-1", "nan", "inf")
+]
+
+
+@pytest.mark.parametrize(("option", "value"), BAD)
+def test_a_bad_value_on_the_command_line_is_a_usage_error_naming_the_option(servers, capsys, option, value):
+    code, out, err = manage(capsys, "nightly", option, value)
+    assert code == ExitCode.USAGE, err
+    assert f"argument {option}: expected" in err and "seconds" in err and repr(value) in err, err
+    assert "usage:" in err and "Traceback" not in err
+    assert "nightly done" not in out  # the work did not run
+    assert not get_lock_manager().is_locked("command:nightly")
+
+
+@pytest.mark.parametrize(("option", "value"), BAD)
+def test_a_bad_value_from_call_command_is_the_same_error(servers, option, value):
+    as_number = float(value)
+    for args, kwargs in [((option, value), {}), ((), {option[2:].replace("-", "_"): as_number})]:
+        with pytest.raises(CommandError, match=f"argument {option}: expected .*seconds") as info:
+            call_command("nightly", *args, stdout=StringIO(), stderr=StringIO(), **kwargs)
+        if kwargs:  # the parser's own errors keep Django's code (1) under call_command()
+            assert info.value.returncode == ExitCode.USAGE
+
+
+def test_the_expectation_is_stated(servers, capsys):
+    err = manage(capsys, "nightly", "--lock-ttl", "0")[2]
+    assert "expected a number of seconds, 0.01 or more (up to REDLOCK['MAX_TTL'])" in err
+    err = manage(capsys, "nightly", "--lock-wait", "inf")[2]
+    assert "expected a finite number of seconds, 0 or more" in err
+
+
+def test_a_ttl_above_max_ttl_names_the_option(servers, settings):
+    settings.REDLOCK = {**settings.REDLOCK, "MAX_TTL": 30}
+    with pytest.raises(CommandError, match=r"--lock-ttl: ttl 31 s is above REDLOCK\['MAX_TTL'\]") as info:
+        call_command("nightly", "--lock-ttl", "31", stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == ExitCode.ERROR
+
+
+@pytest.mark.parametrize(("option", "value"), [("--lock-ttl", "2"), ("--lock-wait", "0"), ("--lock-wait", "0.5")])
+def test_good_values_still_run(servers, option, value):
+    out = StringIO()
+    call_command("nightly", option, value, stdout=out, stderr=StringIO())
+    assert "nightly done" in out.getvalue()
