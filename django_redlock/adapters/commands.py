@@ -86,9 +86,11 @@ def redlock_command(
     for what cannot be interrupted); ``stop_on_lost=False``, and a command run
     by ``call_command()``, only log, and still exit 3 when ``handle`` ends.
     ``handle`` sees ``self.redlock`` (the lock) and ``self.redlock_lost`` (an
-    event set on a loss). SIGTERM and SIGINT stop the command, the lock is
-    released and the process exits 128 + the signal number. The command gains
-    ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    event set on a loss). SIGTERM and SIGINT stop the command whenever they
+    arrive, from before the acquire to the end of the release: a lock that was
+    granted is released and the process exits 128 + the signal number. The
+    command gains ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl
+    SECONDS``; a value they refuse is a usage error naming the option (exit 2).
     The lock's holder label (shown by ``redlock list`` and the admin) is
     ``label``, by default ``command:<name>``.
     """
