@@ -58,3 +58,15 @@ def test_good_values_still_run(servers, option, value):
     out = StringIO()
     call_command("nightly", option, value, stdout=out, stderr=StringIO())
     assert "nightly done" in out.getvalue()
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "0"])
+def test_redlock_status_timeout_refuses_what_no_node_can_answer_in(servers, capsys, value):
+    """The same rule for the package's own command: ``--timeout inf`` ended in an OverflowError
+    traceback, ``-1``, ``nan`` and ``0`` were taken."""
+    code, _, err = manage(capsys, "redlock", "status", "--timeout", value)
+    assert code == ExitCode.USAGE and "argument --timeout: expected a finite number of seconds above 0" in err, err
+    assert "Traceback" not in err
+    with pytest.raises(CommandError, match="argument --timeout: expected") as info:
+        call_command("redlock", "status", timeout=float(value), stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == ExitCode.USAGE

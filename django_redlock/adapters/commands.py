@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import inspect
 import logging
@@ -19,6 +18,7 @@ from django.core.management.base import CommandError
 from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.adapters.keys import Key, KeySpec
+from django_redlock.adapters.options import lock_ttl, lock_wait, option_type, option_value
 from django_redlock.adapters.stop import Guard
 from django_redlock.core.lock import LockContext
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
@@ -119,7 +119,7 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
         group = parser.add_argument_group("redlock")
         group.add_argument(
             "--lock-wait",
-            type=_parsed(_lock_wait),
+            type=option_type(lock_wait),
             metavar="SECONDS",
             default=None,
             help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
@@ -130,7 +130,11 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
             help=f"If another host holds the lock, exit with status {int(ExitCode.LOCKED)}.",
         )
         group.add_argument(
-            "--lock-ttl", type=_parsed(_lock_ttl), metavar="SECONDS", default=None, help="The lock's ttl (kept alive while running)."
+            "--lock-ttl",
+            type=option_type(lock_ttl),
+            metavar="SECONDS",
+            default=None,
+            help="The lock's ttl (kept alive while running).",
         )
 
     def run_from_argv(self: Any, argv: list[str]) -> None:
@@ -146,50 +150,6 @@ def _command_name(command: Any) -> str:
     return module.rsplit(".", 1)[-1] if ".management.commands." in module else type(command).__name__.lower()
 
 
-def _number(value: Any) -> Any:
-    """An option's text as a float; a value given to ``call_command()`` as it is."""
-    return float(value) if isinstance(value, str) else value
-
-
-def _lock_ttl(value: Any) -> float:
-    """``--lock-ttl``: a lock's ttl, the engine's rule (at least 10 ms; MAX_TTL is checked later)."""
-    try:
-        return base.check_duration(_number(value), "--lock-ttl")
-    except ValueError:
-        raise ValueError(f"expected a number of seconds, 0.01 or more (up to REDLOCK['MAX_TTL']); got {value!r}") from None
-
-
-def _lock_wait(value: Any) -> float:
-    """``--lock-wait``: how long to wait in line, as the engine's ``timeout`` (0 included)."""
-    try:
-        return base.check_seconds(_number(value), "--lock-wait", allow_zero=True)
-    except ValueError:
-        raise ValueError(f"expected a finite number of seconds, 0 or more; got {value!r}") from None
-
-
-def _parsed(check: Callable[[Any], float]) -> Callable[[str], float]:
-    """``check`` as an argparse ``type``: a value it refuses is a usage error naming the option."""
-
-    def parse(text: str) -> float:
-        try:
-            return check(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
-def _option(options: dict[str, Any], dest: str, flag: str, check: Callable[[Any], float]) -> float | None:
-    """The option's value, checked here too: ``call_command(..., lock_ttl=...)`` bypasses the parser."""
-    value = options.get(dest)
-    if value is None:
-        return None
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise CommandError(f"Error: argument {flag}: {exc}", returncode=ExitCode.USAGE) from None
-
-
 def _hold(
     command: Any, name: str, options: dict[str, Any], how: _How, lost: threading.Event, guard: Guard | None
 ) -> tuple[LockContext, str, str]:
@@ -202,7 +162,7 @@ def _hold(
         if how.key is not None
         else f"command:{name}"
     )
-    ttl = given = _option(options, "lock_ttl", "--lock-ttl", _lock_ttl)
+    ttl = given = option_value(options, "lock_ttl", "--lock-ttl", lock_ttl)
     if ttl is None:
         ttl = how.ttl if how.ttl is not None else conf.get_config()["COMMAND_TTL"]
     try:
@@ -210,7 +170,7 @@ def _hold(
     except ValueError as exc:
         raise CommandError(f"--lock-ttl: {exc}" if given is not None else str(exc)) from None
     mode, timeout = how.when_locked, how.wait_timeout
-    wait = _option(options, "lock_wait", "--lock-wait", _lock_wait)
+    wait = option_value(options, "lock_wait", "--lock-wait", lock_wait)
     if wait is not None:
         mode, timeout = WAIT, wait
     if options.get("lock_fail"):
