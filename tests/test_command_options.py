@@ -70,3 +70,11 @@ def test_redlock_status_timeout_refuses_what_no_node_can_answer_in(servers, caps
     with pytest.raises(CommandError, match="argument --timeout: expected") as info:
         call_command("redlock", "status", timeout=float(value), stdout=StringIO(), stderr=StringIO())
     assert info.value.returncode == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("wait_timeout", [-1, float("nan"), float("inf"), "10"])
+def test_the_decorators_wait_timeout_is_checked_where_it_is_written(wait_timeout):
+    from django_redlock import redlock_command
+
+    with pytest.raises(ValueError, match="wait_timeout must be"):
+        redlock_command(when_locked="wait", wait_timeout=wait_timeout)

@@ -98,6 +98,7 @@ def redlock_command(
         raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
+    base.check_seconds(wait_timeout, "wait_timeout", allow_none=True, allow_zero=True)
     base.check_label(label)
     how = _How(key, ttl, when_locked, wait_timeout, stop_on_lost, label)
 
