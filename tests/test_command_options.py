@@ -78,3 +78,21 @@ def test_the_decorators_wait_timeout_is_checked_where_it_is_written(wait_timeout
 
     with pytest.raises(ValueError, match="wait_timeout must be"):
         redlock_command(when_locked="wait", wait_timeout=wait_timeout)
+
+
+def test_a_quorum_error_of_handles_own_goes_on_as_it_is(servers):
+    """Only the command's own lock maps to the exit codes 4 and 5: an error of a lock call inside
+    ``handle`` is the command's own failure."""
+    from django.core.management.base import BaseCommand
+
+    from django_redlock import redlock_command
+    from django_redlock.exceptions import QuorumUnavailable
+
+    @redlock_command(key="outer-job")
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            raise QuorumUnavailable("inner", resource="inner", granted=0, quorum=3, total=5, failures={})
+
+    with pytest.raises(QuorumUnavailable):
+        call_command(Command(), stdout=StringIO(), stderr=StringIO())
+    assert not get_lock_manager().is_locked("outer-job")

@@ -240,10 +240,10 @@ def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
             signame = signal.Signals(guard.signum).name
             done = f"the lock {resource!r} was released" if lock is not None else "the lock was not held"
             raise CommandError(f"Stopped by {signame}; {done}.", returncode=128 + guard.signum) from failure
-        if isinstance(failure, QuorumUnavailable):
-            # Every host would "skip" here and monitoring would see success: fail instead.
-            raise CommandError(f"Lock nodes unavailable: {failure}", returncode=EXIT_NODES_UNAVAILABLE) from None
-        if isinstance(failure, LockNotAcquired) and lock is None:  # held elsewhere (not an error of handle's)
+        if isinstance(failure, LockNotAcquired) and lock is None:  # the command's own lock, not handle()'s
+            if isinstance(failure, QuorumUnavailable):
+                # Every host would "skip" here and monitoring would see success: fail instead.
+                raise CommandError(f"Lock nodes unavailable: {failure}", returncode=EXIT_NODES_UNAVAILABLE) from None
             if mode == SKIP:
                 self.stderr.write(f"Skipped: {failure}")
                 return None
