@@ -106,3 +106,43 @@ def test_a_signal_at_any_moment_releases_and_exits_128_plus_n(servers, tmp_path,
     assert f"Stopped by {signal.Signals(signum).name}" in err, err
     if moment.startswith("vote"):
         assert not marker.exists(), "the command's work began after the signal"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_waiting_in_line_withdraws_the_place_and_exits_128_plus_n(servers, tmp_path, signum):
+    """Before the grant, in line behind another host: the wait ends at once, the place is taken out
+    of every node's line (not left for its life), the holder keeps its lock, and handle never runs."""
+    from django_redlock.core import LockManager
+    from tests.conftest import eventually
+
+    holder_manager = LockManager(servers.urls, restart_window=0)
+    holder = holder_manager.acquire(RESOURCE, ttl=30)
+    marker = tmp_path / "work"
+    line = f"redlock:queue:{RESOURCE}"
+    proc = start_nightly(servers.urls, marker, "--seconds", "30", "--lock-wait", "30")
+    try:
+        eventually(lambda: all(on_nodes_zcard(servers, line)), 20.0, show=lambda: on_nodes_zcard(servers, line))
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == 128 + signum, err
+        assert f"Stopped by {signal.Signals(signum).name}; the lock was not held." in err, err
+        assert on_nodes_zcard(servers, line) == [0] * len(servers), "the place was left in line"
+        assert holder.owned() and not marker.exists()
+    finally:
+        holder.release()
+        holder_manager.close()
+
+
+def on_nodes_zcard(servers, key):
+    import redis
+
+    out = []
+    for server in servers:
+        with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+            out.append(client.zcard(key))
+    return out
