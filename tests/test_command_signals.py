@@ -39,6 +39,20 @@ def start_nightly(urls, marker, *extra):
     )
 
 
+def signal_at(proc, signum, moment, then):
+    """Send ``signum`` to ``proc`` once ``moment()`` returned, call ``then()``, and return its stderr
+    once it exited (killed if the test fails first)."""
+    try:
+        moment()
+        proc.send_signal(signum)
+        then()
+        return proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def hold_the_vote_on_its_way(proxies):
     for proxy in proxies:
         proxy.hold_requests_from(KEY)
@@ -86,22 +100,15 @@ def test_a_signal_at_any_moment_releases_and_exits_128_plus_n(servers, tmp_path,
     marker = tmp_path / "work"
     try:
         steps = hold(proxies)
-        next(steps)  # armed
+        next(steps)  # armed; then the moment is reached and held, the signal sent, the bytes go on
         proc = start_nightly([proxy.url for proxy in proxies], marker, *extra)
-        try:
-            next(steps)  # the moment is reached, and held
-            proc.send_signal(signum)
-            next(steps, None)  # the bytes go on
-            out, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        err = signal_at(proc, signum, lambda: next(steps), lambda: next(steps, None))
     finally:
         for proxy in proxies:
             proxy.close()
     left = on_nodes(servers, "get", RESOURCE)
-    assert left == [None] * len(servers), f"the lock was left on {len(left) - left.count(None)} nodes, exit {proc.returncode}; {err[-300:]}"
+    held = len(left) - left.count(None)
+    assert not held, f"the lock was left on {held} nodes, exit {proc.returncode}; {err[-300:]}"
     assert proc.returncode == 128 + signum, err
     assert f"Stopped by {signal.Signals(signum).name}" in err, err
     if moment.startswith("vote"):
@@ -120,14 +127,8 @@ def test_a_signal_while_waiting_in_line_withdraws_the_place_and_exits_128_plus_n
     marker = tmp_path / "work"
     line = f"redlock:queue:{RESOURCE}"
     proc = start_nightly(servers.urls, marker, "--seconds", "30", "--lock-wait", "30")
-    try:
-        eventually(lambda: all(on_nodes_zcard(servers, line)), 20.0, show=lambda: on_nodes_zcard(servers, line))
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    in_line = lambda: eventually(lambda: all(on_nodes_zcard(servers, line)), 20.0)  # noqa: E731
+    err = signal_at(proc, signum, in_line, lambda: None)
     try:
         assert proc.returncode == 128 + signum, err
         assert f"Stopped by {signal.Signals(signum).name}; the lock was not held." in err, err
