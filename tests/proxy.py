@@ -64,6 +64,8 @@ class Proxy:
     * ``split_replies``: seconds between the first byte of each server->client chunk
       and the rest (a reply that arrives in two packets, the second late).
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
+    * :meth:`hold_requests_from` / :meth:`hold_replies_after`: start holding at a given command
+      (the chunk that contains a pattern, or the replies sent after it was forwarded).
     * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
       command went through (everything later is lost, both ways) and its end.
     * ``reset_loses_held``: a reset of a client's connection loses the client->server
@@ -87,6 +89,8 @@ class Proxy:
         self.split_replies = 0.0
         self.closed = False
         self.cut_pattern: bytes | None = None
+        self.hold_requests_pattern: tuple[bytes, ...] = ()
+        self.hold_replies_pattern: tuple[bytes, ...] = ()
         self.cut = False  # a partition: every byte, both ways, on every connection, is lost
         #: A reset of the client's connection (closed with unread bytes, or sent bytes after it
         #: closed) loses the client->server bytes still on their way (held or delayed): a node's
@@ -223,6 +227,18 @@ class Proxy:
             _close(pipe.client)
             _close(pipe.upstream)
 
+    def hold_requests_from(self, *patterns: bytes) -> None:
+        """Hold client->server bytes from the first chunk that contains one of ``patterns`` on (that
+        chunk too), as :meth:`hold_requests` from that moment."""
+        with self.cond:
+            self.hold_requests_pattern = patterns
+
+    def hold_replies_after(self, *patterns: bytes) -> None:
+        """Hold server->client bytes from the moment the first chunk that contains one of
+        ``patterns`` was forwarded, as :meth:`hold_replies` from that moment: its reply is held."""
+        with self.cond:
+            self.hold_replies_pattern = patterns
+
     def held_requests(self) -> bytes:
         with self.cond:
             return b"".join(bytes(p.up_held) for p in self.pipes)
@@ -305,6 +321,9 @@ class Proxy:
                 if self.cut:
                     pipe.damaged = True
                     continue
+                if any(pattern in data for pattern in self.hold_requests_pattern):
+                    self.holding_requests = True
+                    self.hold_requests_pattern = ()
                 if pipe.up_frozen or self.holding_requests:
                     pipe.up_frozen = True
                     pipe.up_held += data
@@ -315,6 +334,9 @@ class Proxy:
                     pipe.up_forwarded += data
                 except OSError:
                     break
+                if any(pattern in data for pattern in self.hold_replies_pattern):
+                    self.holding_replies = True  # under the lock: the reply cannot pass before this
+                    self.hold_replies_pattern = ()
                 if self.cut_pattern is not None and self.cut_pattern in data:
                     self.cut = True
                     self.cut_pattern = None

@@ -144,3 +144,26 @@ def test_the_extender_sees_a_jump_of_the_engine_clock_within_seconds(servers, ju
             eventually(lambda: lock.extensions >= 1, 3.0)
     finally:
         m.close()
+
+
+def _asleep(task):
+    """True while the keep-alive task waits in its own sleep (not in a fan-out)."""
+    awaited = task.get_coro().cr_await
+    return getattr(awaited, "__qualname__", "") == "sleep"
+
+
+async def test_the_async_keep_alive_sees_a_jump_of_the_engine_clock_within_seconds(servers, jumping_clock):
+    """The asyncio keep-alive follows the same rule as the sync watchdog: ``asyncio.sleep`` runs on
+    the monotonic clock, which stops during a suspend, so it wakes at least once a second and a
+    resumed host extends in time (it slept on to its 10 s tick, past a lock with 5 s left)."""
+    from tests.conftest import eventually_async
+
+    am = AsyncLockManager(servers.urls, ttl=30.0, restart_window=0)
+    try:
+        async with am.lock("suspended-keep-alive", auto_extend=True) as lock:
+            await eventually_async(lambda: _asleep(lock._keeper), 5.0)  # until its next tick
+            jumping_clock[0] = 25.0  # the host slept 25 s: 5 s left, the extension is due
+            await eventually_async(lambda: lock.extensions >= 1, 3.0, show=lambda: (lock.extensions, lock.validity))
+            assert lock.locked() and lock.validity > 20
+    finally:
+        await am.aclose()

@@ -18,7 +18,9 @@ from django.core.management.base import CommandError
 from django_redlock import conf
 from django_redlock.core import base
 from django_redlock.adapters.keys import Key, KeySpec
+from django_redlock.adapters.options import lock_ttl, lock_wait, option_type, option_value
 from django_redlock.adapters.stop import Guard
+from django_redlock.core.lock import LockContext
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 from django_redlock.exit_codes import ExitCode
 
@@ -84,9 +86,11 @@ def redlock_command(
     for what cannot be interrupted); ``stop_on_lost=False``, and a command run
     by ``call_command()``, only log, and still exit 3 when ``handle`` ends.
     ``handle`` sees ``self.redlock`` (the lock) and ``self.redlock_lost`` (an
-    event set on a loss). SIGTERM and SIGINT stop the command, the lock is
-    released and the process exits 128 + the signal number. The command gains
-    ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl SECONDS``.
+    event set on a loss). SIGTERM and SIGINT stop the command whenever they
+    arrive, from before the acquire to the end of the release: a lock that was
+    granted is released and the process exits 128 + the signal number. The
+    command gains ``--lock-wait SECONDS``, ``--lock-fail`` and ``--lock-ttl
+    SECONDS``; a value they refuse is a usage error naming the option (exit 2).
     The lock's holder label (shown by ``redlock list`` and the admin) is
     ``label``, by default ``command:<name>``.
     """
@@ -94,6 +98,7 @@ def redlock_command(
         raise ImproperlyConfigured(f"when_locked must be 'skip', 'wait' or 'fail'; got {when_locked!r}.")
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
+    base.check_seconds(wait_timeout, "wait_timeout", allow_none=True, allow_zero=True)
     base.check_label(label)
     how = _How(key, ttl, when_locked, wait_timeout, stop_on_lost, label)
 
@@ -115,7 +120,7 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
         group = parser.add_argument_group("redlock")
         group.add_argument(
             "--lock-wait",
-            type=float,
+            type=option_type(lock_wait),
             metavar="SECONDS",
             default=None,
             help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
@@ -126,7 +131,11 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
             help=f"If another host holds the lock, exit with status {int(ExitCode.LOCKED)}.",
         )
         group.add_argument(
-            "--lock-ttl", type=float, metavar="SECONDS", default=None, help="The lock's ttl (kept alive while running)."
+            "--lock-ttl",
+            type=option_type(lock_ttl),
+            metavar="SECONDS",
+            default=None,
+            help="The lock's ttl (kept alive while running).",
         )
 
     def run_from_argv(self: Any, argv: list[str]) -> None:
@@ -142,66 +151,74 @@ def _command_name(command: Any) -> str:
     return module.rsplit(".", 1)[-1] if ".management.commands." in module else type(command).__name__.lower()
 
 
+def _hold(
+    command: Any, name: str, options: dict[str, Any], how: _How, lost: threading.Event, guard: Guard | None
+) -> tuple[LockContext, str, str]:
+    """The command's hold, not entered yet, its resource, and what to do when another host holds it
+    (:data:`SKIP`, :data:`WAIT` or :data:`FAIL`). ``guard``: stop the command when the lock is lost."""
+    from django_redlock.manager import get_lock_manager
+
+    resource = (
+        Key(how.key, None).format((), dict(options), {"command": command, "name": name})
+        if how.key is not None
+        else f"command:{name}"
+    )
+    ttl = given = option_value(options, "lock_ttl", "--lock-ttl", lock_ttl)
+    if ttl is None:
+        ttl = how.ttl if how.ttl is not None else conf.get_config()["COMMAND_TTL"]
+    try:
+        conf.check_max_ttl(ttl)
+    except ValueError as exc:
+        raise CommandError(f"--lock-ttl: {exc}" if given is not None else str(exc)) from None
+    mode, timeout = how.when_locked, how.wait_timeout
+    wait = option_value(options, "lock_wait", "--lock-wait", lock_wait)
+    if wait is not None:
+        mode, timeout = WAIT, wait
+    if options.get("lock_fail"):
+        mode = FAIL
+
+    def on_lost(_: Any) -> None:
+        lost.set()
+        if guard is not None:
+            guard.interrupt()  # the command must not go on unprotected
+
+    waits = mode == WAIT
+    hold = get_lock_manager().lock(
+        resource,
+        ttl,
+        blocking=waits,
+        timeout=(timeout if timeout is not None else 3600.0) if waits else None,
+        auto_extend=True,
+        on_lost=on_lost,
+        label=how.label if how.label is not None else f"command:{name}",
+    )
+    return hold, resource, mode
+
+
 def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
-    key, stop = how.key, how.stop_on_lost
+    stop = how.stop_on_lost
 
     @functools.wraps(handle)
     def wrapped(self: Any, *args: Any, **options: Any) -> Any:
-        from django_redlock.manager import get_lock_manager
-
-        name = _command_name(self)
-        resource = (
-            Key(key, None).format((), dict(options), {"command": self, "name": name})
-            if key is not None
-            else f"command:{name}"
-        )
-        lock_ttl = options.get("lock_ttl") or how.ttl or conf.get_config()["COMMAND_TTL"]
-        mode, timeout = how.when_locked, how.wait_timeout
-        if options.get("lock_wait") is not None:
-            mode, timeout = WAIT, options["lock_wait"]
-        if options.get("lock_fail"):
-            mode = FAIL
-        try:
-            conf.check_max_ttl(lock_ttl)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
         lost = threading.Event()
         # Signals are the process's: only a command run from the command line, in the main
         # thread, takes them over. Run by call_command in a server or a worker, it leaves them to
         # the host, and a loss is reported when handle() returns.
         on_command_line = getattr(self, "_called_from_command_line", False)
         guard = Guard(lost, on_command_line and threading.current_thread() is threading.main_thread())
-
-        def on_lost(_: Any) -> None:
-            lost.set()
-            if stop:
-                guard.interrupt()  # the command must not go on unprotected
-
-        waits = mode == WAIT
-        hold = get_lock_manager().lock(
-            resource,
-            lock_ttl,
-            blocking=waits,
-            timeout=(timeout if timeout is not None else 3600.0) if waits else None,
-            auto_extend=True,
-            on_lost=on_lost,
-            label=how.label if how.label is not None else f"command:{name}",
-        )
-        try:
-            lock = hold.__enter__()
-        except QuorumUnavailable as error:
-            # Every host would "skip" here and monitoring would see success: fail instead.
-            raise CommandError(f"Lock nodes unavailable: {error}", returncode=EXIT_NODES_UNAVAILABLE) from None
-        except LockNotAcquired as error:
-            if mode == SKIP:
-                self.stderr.write(f"Skipped: {error}")
-                return None
-            raise CommandError(str(error), returncode=EXIT_LOCKED) from None
-        self.redlock, self.redlock_lost = lock, lost  # for handle() and the threads it starts
+        name = _command_name(self)
+        hold: LockContext | None = None
+        resource, mode = None, SKIP
         result, failure, loss = None, None, None
         try:
-            guard.install()
             try:
+                # First: a signal from here on stops the command, and the lock is released whenever
+                # it was granted (a signal that finds it granted before the guard is in place would
+                # end the process with the lock left on the nodes for its ttl).
+                guard.install()
+                hold, resource, mode = _hold(self, name, options, how, lost, guard if stop else None)
+                self.redlock, self.redlock_lost = hold.__enter__(), lost  # for handle() and the threads it starts
+                guard.check()  # a signal that came during the acquire: the work does not begin
                 result = handle(self, *args, **options)
             finally:
                 guard.disarm()  # from here on signals are only recorded: nothing interrupts the release
@@ -210,18 +227,27 @@ def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
         finally:
             guard.disarm()
             try:
-                loss = hold.leave()  # not told of failure: a loss outranks how handle() ended
+                loss = hold.leave() if hold is not None else None  # not told of failure: a loss outranks it
             finally:
                 guard.restore()
+        lock = hold.lock if hold is not None else None  # set once granted, whatever stopped the command
         if loss is not None:  # also a loss the release itself found (taken over, expired)
+            assert lock is not None
             logger.error("Command %s: its lock %r was lost (%s).", name, resource, lock.lost_reason)
             what = "Stopped: the lock" if guard.sent else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from failure
         if guard.signum is not None:
-            name = signal.Signals(guard.signum).name
-            raise CommandError(
-                f"Stopped by {name}; the lock {resource!r} was released.", returncode=128 + guard.signum
-            ) from failure
+            signame = signal.Signals(guard.signum).name
+            done = f"the lock {resource!r} was released" if lock is not None else "the lock was not held"
+            raise CommandError(f"Stopped by {signame}; {done}.", returncode=128 + guard.signum) from failure
+        if isinstance(failure, LockNotAcquired) and lock is None:  # the command's own lock, not handle()'s
+            if isinstance(failure, QuorumUnavailable):
+                # Every host would "skip" here and monitoring would see success: fail instead.
+                raise CommandError(f"Lock nodes unavailable: {failure}", returncode=EXIT_NODES_UNAVAILABLE) from None
+            if mode == SKIP:
+                self.stderr.write(f"Skipped: {failure}")
+                return None
+            raise CommandError(str(failure), returncode=EXIT_LOCKED) from None
         if failure is not None:
             raise failure  # the command's own error, or an outer command's stop going on out
         return result

@@ -100,6 +100,13 @@ class Guard:
         self.deferred.set()  # ends redeliver()
 
     def install(self) -> None:
+        """Take SIGTERM and SIGINT over and arm: from here on a signal stops the main thread.
+
+        Called before the command's lock is acquired (with :meth:`restore` in a ``finally``), so that
+        no signal finds the lock granted and the default action still in place: that would end the
+        process there and leave the lock on the nodes for its ttl. A signal that arrives while the
+        handlers are being installed is recorded, and raised here once they are.
+        """
         if self.main is None:
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -111,6 +118,13 @@ class Guard:
         self.armed = True
         if hasattr(signal, "pthread_kill"):
             threading.Thread(target=self.redeliver, name="redlock-command-stop", daemon=True).start()
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`Stop` if a signal from outside was received while it could not be raised
+        (during :meth:`install`, or deferred by a lock call that has returned since)."""
+        if self.armed and self.signum is not None:
+            raise Stop()
 
     def restore(self) -> None:
         """Put the previous handlers back. A signal received meanwhile goes on to a handler of the

@@ -159,7 +159,7 @@ def _keep_alive(
 
 
 async def _keep_alive_loop(watch: Any) -> None:
-    from django_redlock.core.extender import next_action, next_due, note_extend_error
+    from django_redlock.core.extender import next_action, next_due, note_extend_error, sleep_for
 
     while True:
         lock = watch.ref()
@@ -174,10 +174,11 @@ async def _keep_alive_loop(watch: Any) -> None:
             await lock._check_owned()
         if action == "stop" or lock.lost or lock.released:
             return
-        now = lock._clock()
-        delay = next_due(watch, lock, now) - now
+        clock = lock._clock
+        due = next_due(watch, lock, clock())
         del lock  # hold it weakly while asleep: a dropped lock stops here and expires
-        await asyncio.sleep(max(0.0, delay))
+        while (nap := sleep_for(due, clock())) > 0:
+            await asyncio.sleep(nap)
 
 
 _reports: set[asyncio.Task[None]] = set()

@@ -41,6 +41,11 @@ CHECK_EVERY = 1 / 3
 RETRY_FRACTION = 0.2
 #: Shortest pause between two wake-ups of one lock, however small its ttl.
 MIN_TICK = 0.005
+#: Longest sleep of a keep-alive (this thread, the asyncio task) before it reads the engine's clock
+#: again: their timers (a condition's wait, ``asyncio.sleep``) run on ``time.monotonic()``, which
+#: stops while the host is suspended, and the deadlines are on :func:`clock.now`, which does not.
+#: A resumed host's due extension is seen within this long.
+LONGEST_SLEEP = 1.0
 
 
 @dataclass(eq=False)
@@ -69,6 +74,12 @@ def next_due(watch: Watch, lock: Any, now: float) -> float:
         else:
             due = min(due, lock._deadline - lock.ttl * EXTEND_AT)
     return due
+
+
+def sleep_for(due: float, now: float) -> float:
+    """How long a keep-alive sleeps toward ``due`` from ``now`` (the engine's clock): never past it,
+    and never longer than :data:`LONGEST_SLEEP` (the sync and async keep-alives share it)."""
+    return min(max(0.0, due - now), LONGEST_SLEEP)
 
 
 def next_action(watch: Watch, lock: Any) -> str:
@@ -247,13 +258,11 @@ class Extender:
                     if not self._heap:
                         self._cond.wait(timeout=30.0)
                         continue
-                    wait = self._heap[0][0] - self._now()
+                    wait = sleep_for(self._heap[0][0], self._now())
                     if wait <= 0:
                         _, _, watch = heapq.heappop(self._heap)
                         break
-                    # The wait runs on time.monotonic(), which stops while the host is suspended, and
-                    # deadlines on clock.now: wake every second to see a resumed host's deadlines.
-                    self._cond.wait(timeout=min(wait, 1.0))
+                    self._cond.wait(timeout=wait)
             try:
                 if report is not None:
                     self._report(*report)

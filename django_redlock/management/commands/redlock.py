@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.adapters.commands import keep_exit_code
+from django_redlock.adapters.options import node_wait, option_type, option_value
 from django_redlock.core.records import STATE_WORDS, same_everywhere, seconds
 from django_redlock.exceptions import LockError, QuorumUnavailable
 from django_redlock.exit_codes import ExitCode
@@ -36,7 +37,7 @@ class Command(BaseCommand):
         release.add_argument("--json", action="store_true", help="Machine-readable output.")
         status = sub.add_parser("status", help="Each node's reachability, role, latency and run id.")
         status.add_argument("--json", action="store_true", help="Machine-readable output.")
-        status.add_argument("--timeout", type=float, default=1.0, help="Seconds to wait for each node (default 1).")
+        status.add_argument("--timeout", type=option_type(node_wait), default=1.0, help="Seconds to wait for each node (default 1).")
         for subparser in (listing, release, status):
             accept_global_options(parser, subparser)
 
@@ -132,7 +133,7 @@ class Command(BaseCommand):
             )
 
     def do_status(self, manager: Any, options: dict[str, Any]) -> None:
-        statuses = manager.node_status(timeout=options["timeout"])
+        statuses = manager.node_status(timeout=option_value(options, "timeout", "--timeout", node_wait))
         voting = [s for s in statuses if s.votes]
         quorum = manager.quorum
         if options["json"]:
