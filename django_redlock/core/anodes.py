@@ -261,14 +261,14 @@ async def _at_loop_end(nodes: weakref.WeakSet[AsyncNode]) -> AsyncGenerator[None
         await settle_and_close(list(nodes))
 
 
-class _TLSConnection(aredis.SSLConnection):  # type: ignore[misc]
+class _TLSConnection(aredis.SSLConnection):
     """redis.asyncio's TLS connection over its node's one context (see :class:`~django_redlock.core.node_spec.TLSConnection`)."""
 
     context: ssl.SSLContext | None = None
 
     def _connection_arguments(self) -> Mapping[str, Any]:
         if self.context is None:
-            return super()._connection_arguments()  # type: ignore[no-any-return]
+            return super()._connection_arguments()
         return {**aredis.Connection._connection_arguments(self), "ssl": self.context}
 
 

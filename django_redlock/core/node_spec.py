@@ -200,8 +200,8 @@ class TLSConnection(redis.SSLConnection):
 
     def _connect(self) -> Any:
         if self.context is None:
-            return super()._connect()
-        sock = redis.Connection._connect(self)  # TCP, within the connect timeout
+            return super()._connect()  # type: ignore[no-untyped-call]
+        sock = redis.Connection._connect(self)  # type: ignore[no-untyped-call]  # TCP, within the connect timeout
         try:
             return self.context.wrap_socket(sock, server_hostname=self.host)
         except BaseException:
@@ -223,7 +223,7 @@ def _tls_context(kwargs: Mapping[str, Any]) -> ssl.SSLContext:
     accepted = _init_params(AsyncSSLConnection)
     settings = {k: v for k, v in kwargs.items() if k.startswith("ssl_") and k in accepted}
     try:
-        return AsyncSSLConnection(**settings).ssl_context.get()  # type: ignore[no-any-return]
+        return AsyncSSLConnection(**settings).ssl_context.get()
     except (OSError, ValueError, redis.RedisError) as exc:
         failure = exc
     raise TLSSetupError(_unreadable(kwargs) or f"TLS settings not usable ({_ssl_reason(failure)})")
@@ -292,12 +292,11 @@ class NodeConfig:
         self._secrets = [s for s in secrets if s]
         self._tls: ssl.SSLContext | None = None
         self._tls_lock = forks.mutex(self, "_tls_lock")
+        problem: str | None = None
         try:
             connection_class(**kwargs)  # fail now on bad options, not on the first lock
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, redis.RedisError) as exc:  # RedisError: e.g. a bad ssl_cert_reqs
             problem = self.redact(str(exc))
-        else:
-            problem = None
         if problem is not None:
             raise ValueError(f"node {self.name}: invalid connection options: {problem}")
         self._configured()
