@@ -187,8 +187,9 @@ def cache_client(alias: str, index: int) -> Any:
         factory = getattr(client, "connection_factory", None)
         if inspect.iscoroutinefunction(get_client) and factory is not None and servers:
             # django-valkey's asyncio cache hands out clients in a coroutine: build its pool as it does.
-            pool = factory.get_or_create_connection_pool(factory.make_connection_params(servers[0]))
-            get_client = lambda write: factory.base_client_cls(connection_pool=pool)  # noqa: E731
+            def get_client(write: bool, factory: Any = factory, server: Any = servers[0]) -> Any:
+                pool = factory.get_or_create_connection_pool(factory.make_connection_params(server))
+                return factory.base_client_cls(connection_pool=pool)
     if get_client is None or inspect.iscoroutinefunction(get_client):
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a Redis cache "

@@ -94,7 +94,12 @@ def test_admin_page_shows_the_entry_not_the_password(admin_client, settings, ser
     assert "REDLOCK_NODES[2]" in page and HEAD not in page
 
 
-BACKENDS = [("django_redis.cache.RedisCache", "redis"), ("django_valkey.cache.ValkeyCache", "valkey")]
+BACKENDS = [
+    ("django_redis.cache.RedisCache", "redis"),
+    ("django_valkey.cache.ValkeyCache", "valkey"),
+    ("django_valkey.async_cache.cache.AsyncValkeyCache", "valkey"),
+    ("django.core.cache.backends.redis.RedisCache", "redis"),
+]
 
 
 @pytest.mark.parametrize("backend, scheme", BACKENDS)
