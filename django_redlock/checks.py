@@ -105,7 +105,10 @@ class Hints:
     REPLICA = "Point REDLOCK_NODES at masters only; Redlock does not use replication."
     SAME_RUN_ID = "Each entry must be a different redis-server process, ideally on a different machine."
     EVICTION = "Set 'maxmemory-policy noeviction' on every lock node."
-    UNREACHABLE = "Check the node's address, password and firewall; run 'manage.py redlock status'."
+    UNREACHABLE = (
+        "Check the node's address, password and firewall, and with rediss:// its certificate and ssl_ca_certs; "
+        "run 'manage.py redlock status'."
+    )
     SAME_HOST = "In production put each master on its own machine (or at least its own failure domain)."
     NOT_FSYNCING = (
         "Run the node with 'appendonly yes' and 'appendfsync always', or remove 'FSYNC_ALWAYS' from its entry "

@@ -167,6 +167,15 @@ def cache_client(alias: str, index: int) -> Any:
     from django.core.cache import caches as django_caches
     from django.core.cache.backends.redis import RedisCache
 
+    from django_redlock.core.node_spec import ENCODE_HINT, credentials_cut, shown_url
+
+    where = f"REDLOCK_NODES[{index}] is 'cache:{alias}', but CACHES[{alias!r}]"
+    location = caches[alias].get("LOCATION")
+    for url in [location] if isinstance(location, str) else location or []:
+        if isinstance(url, str) and credentials_cut(url):
+            raise ImproperlyConfigured(
+                f"{where} has LOCATION {shown_url(url)!r}, with an '@' after its host: {ENCODE_HINT}."
+            )
     cache = django_caches[alias]
     get_client: Any
     if isinstance(cache, RedisCache):  # Django's own Redis backend
@@ -178,8 +187,9 @@ def cache_client(alias: str, index: int) -> Any:
         factory = getattr(client, "connection_factory", None)
         if inspect.iscoroutinefunction(get_client) and factory is not None and servers:
             # django-valkey's asyncio cache hands out clients in a coroutine: build its pool as it does.
-            pool = factory.get_or_create_connection_pool(factory.make_connection_params(servers[0]))
-            get_client = lambda write: factory.base_client_cls(connection_pool=pool)  # noqa: E731
+            def get_client(write: bool, factory: Any = factory, server: Any = servers[0]) -> Any:
+                pool = factory.get_or_create_connection_pool(factory.make_connection_params(server))
+                return factory.base_client_cls(connection_pool=pool)
     if get_client is None or inspect.iscoroutinefunction(get_client):
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}] is 'cache:{alias}', but that cache is not a Redis cache "
@@ -191,7 +201,14 @@ def cache_client(alias: str, index: int) -> Any:
             f"REDLOCK_NODES[{index}]: cache {alias!r} lists {len(servers)} servers (a primary and replicas); "
             "Redlock needs one independent master per node. Use one cache alias per master."
         )
-    return get_client(write=True)
+    failed = None
+    try:
+        return get_client(write=True)
+    except Exception as exc:  # noqa: BLE001 - the client library's text may quote the LOCATION, password and all
+        failed = type(exc).__name__
+    raise ImproperlyConfigured(
+        f"{where} could not make its client ({failed}): check its LOCATION and OPTIONS; {ENCODE_HINT}."
+    )
 
 
 #: The settings a lock manager is built from: a change clears the cache here, and

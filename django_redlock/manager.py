@@ -22,6 +22,7 @@ from django_redlock import conf, signals
 from django_redlock.adapters import transactions
 from django_redlock.core import AsyncLockManager, Hooks, LockManager, forks
 from django_redlock.core.config import CombinedHooks
+from django_redlock.core.nodes import parse_nodes
 
 __all__ = ["async_lock_manager", "get_async_lock_manager", "get_lock_manager", "lock_manager", "reset"]
 
@@ -95,13 +96,18 @@ def _hooks_of(entry: Any, index: int) -> Hooks:
 
 def _build(cls: type[_M]) -> _M:
     signal_hooks = SignalHooks()
+    problem = None
     try:
-        nodes, options = conf.get_nodes(), conf.engine_options()
+        specs, options = conf.get_nodes(), conf.engine_options()
+        # Parsed here to name each entry as written (REDLOCK_NODES[i]), not as the engine's argument.
+        nodes = parse_nodes(specs, options["node_timeout"], "REDLOCK_NODES")
         more = configured_hooks()
         hooks = CombinedHooks(signal_hooks, *more) if more else signal_hooks
         manager = cls(nodes, hooks=hooks, **options)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"REDLOCK_NODES / REDLOCK: {exc}") from None
+        problem = str(exc)  # credential-free; what it was raised from may not be
+    if problem is not None:
+        raise ImproperlyConfigured(problem if problem.startswith("REDLOCK") else f"REDLOCK_NODES / REDLOCK: {problem}")
     signal_hooks.sender = manager
     return manager
 

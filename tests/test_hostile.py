@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from types import SimpleNamespace
@@ -20,6 +18,7 @@ from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 from django_redlock.testing import RedisServer
 
+from tests.certs import make_ca, make_server_cert
 from tests.proxy import Proxy
 
 
@@ -28,20 +27,9 @@ from tests.proxy import Proxy
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed: cannot make TLS certificates (apt-get install openssl)")
     d = tmp_path_factory.mktemp("tls")
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-        "-subj", "/CN=redlock-test-ca")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (d / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.crt", "-days", "2", "-extfile", "ext")
-    return str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt")
+    ca = make_ca(d)
+    return (*make_server_cert(d, "server", "IP:127.0.0.1,DNS:localhost"), str(ca))
 
 
 ACL_USER = ["--user", "locker", "on", ">Acl-Secret-77", "~*", "&*", "+@all"]

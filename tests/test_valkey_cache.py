@@ -177,7 +177,7 @@ def test_a_valkey_py_client_is_a_node(nodes, tmp_path):
     other = LockManager([tls, unix], restart_window=0)
     try:
         first, second = other.node_list
-        assert first.connection_class is redis.SSLConnection and (first.port, first.db) == (6390, 1)
+        assert issubclass(first.connection_class, redis.SSLConnection) and (first.port, first.db) == (6390, 1)
         assert second.connection_class is redis.UnixDomainSocketConnection and second.db == 2
         assert other.nodes == ("127.0.0.1:6390/1", f"unix:{tmp_path}/v.sock/2")
     finally:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import weakref
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
@@ -160,7 +162,12 @@ class AsyncNode:
         await _close_at_loop_end(self)
         conn = None
         try:
+            if self.node.tls_pending:
+                # The client's own CPU (the CA store parsed), never in a node timeout, and off the loop.
+                await asyncio.to_thread(self.node.tls_context)
             conn = self.connection_class(**self.kwargs)
+            if self.connection_class is _TLSConnection:
+                conn.context = self.node.tls_context()
             await _within(conn.connect(), self.node_timeout)
             if conn._reader._buffer:
                 raise ConnectionError("unexpected bytes after the handshake")
@@ -254,11 +261,22 @@ async def _at_loop_end(nodes: weakref.WeakSet[AsyncNode]) -> AsyncGenerator[None
         await settle_and_close(list(nodes))
 
 
+class _TLSConnection(aredis.SSLConnection):
+    """redis.asyncio's TLS connection over its node's one context (see :class:`~django_redlock.core.node_spec.TLSConnection`)."""
+
+    context: ssl.SSLContext | None = None
+
+    def _connection_arguments(self) -> Mapping[str, Any]:
+        if self.context is None:
+            return super()._connection_arguments()
+        return {**aredis.Connection._connection_arguments(self), "ssl": self.context}
+
+
 def _async_class(node: NodeConfig) -> type:
     if node.path:
         return aredis.UnixDomainSocketConnection
-    if node.connection_class.__name__ == "SSLConnection":
-        return aredis.SSLConnection
+    if issubclass(node.connection_class, redis.SSLConnection):
+        return _TLSConnection
     return aredis.Connection
 
 

@@ -11,7 +11,9 @@ it (the sync :class:`~django_redlock.core.nodes.Node`, the asyncio
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -27,9 +29,21 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core import ledger
+from django_redlock.core import forks, ledger
 
-__all__ = ["SCHEMES", "NodeConfig", "NodeSpec", "config_from_spec", "describe", "parse_specs"]
+__all__ = [
+    "ENCODE_HINT",
+    "SCHEMES",
+    "NodeConfig",
+    "NodeSpec",
+    "TLSConnection",
+    "TLSSetupError",
+    "config_from_spec",
+    "credentials_cut",
+    "describe",
+    "parse_specs",
+    "shown_url",
+]
 
 SCHEMES = ("redis", "rediss", "unix")
 
@@ -95,17 +109,56 @@ def _meant(url: str) -> str | None:
     return f"redis://{bare}" + ("" if "/" in bare else "/0")
 
 
+#: How a password with a character URLs reserve is written in a node URL.
+ENCODE_HINT = (
+    "percent-encode a password with '/', '?', '#' or '@' (urllib.parse.quote(password, safe=''): '#' is %23), "
+    "or give it in OPTIONS"
+)
+
+
+def credentials_cut(url: str) -> bool:
+    """True when an ``@`` comes after the URL's authority ends: a password with an unencoded ``/``,
+    ``?`` or ``#`` cut it short, and its head would be read as a host or a port."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return bool(authority) and "@" not in authority and "@" in rest
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: nothing before its last ``@``."""
+    if "@" not in url:
+        return url
+    scheme = url.split("://", 1)[0] + "://" if "://" in url else ""
+    return f"{scheme}***@{url.rsplit('@', 1)[1]}"
+
+
 def _check_url(url: str, where: str) -> None:
+    """Refuse a URL that is not a node's address; no message holds text before its last ``@``.
+
+    Messages are built outside ``except`` blocks: an exception chained to them (which a
+    traceback prints) could hold the password."""
     if "://" not in url and not url.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)):
         meant = _meant(url)
         guess = f"; did you mean {meant!r}?" if meant else "; expected redis://host:port/db, rediss:// or unix://."
         raise ValueError(f"{where}: {_hide(url)!r} has no scheme{guess}")
+    if credentials_cut(url):
+        raise ValueError(
+            f"{where}: the Redis URL {shown_url(url)!r} has an '@' after its host: {ENCODE_HINT} "
+            "(an '@' in the query is %40)."
+        )
     shown = _display_url(url)
+    problem = None
     try:
         parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"{where}: malformed Redis URL {shown!r} ({_redact(str(exc), [url])}).") from None
+    except ValueError:
+        problem = "it cannot be parsed"
+    else:
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            problem = "its port is not a number from 0 to 65535"
+    if problem is not None:
+        raise ValueError(f"{where}: malformed Redis URL {shown!r}: {problem}.")
     if parts.scheme not in SCHEMES:
         raise ValueError(
             f"{where}: unsupported scheme {parts.scheme!r} in {shown!r}; expected one of redis://, rediss://, unix://."
@@ -118,7 +171,6 @@ def _check_url(url: str, where: str) -> None:
         if meant is None:
             raise ValueError(f"{where}: Redis URL {shown!r} has no host.")
         raise ValueError(f"{where}: Redis URL {_hide(url)!r} has no host; did you mean {meant!r}?")
-    del port
 
 
 def _name_from_kwargs(kwargs: Mapping[str, Any]) -> str:
@@ -131,6 +183,67 @@ def _name_from_kwargs(kwargs: Mapping[str, Any]) -> str:
     if ":" in str(host):
         host = f"[{host}]"
     return f"{host}:{port}/{db}"
+
+
+class TLSSetupError(Exception):
+    """The node's TLS context could not be built (a CA or certificate file unreadable or not PEM)."""
+
+
+class TLSConnection(redis.SSLConnection):
+    """redis-py's TLS connection over the context its node built once (:meth:`NodeConfig.tls_context`).
+
+    redis-py builds a new context, parsing the whole CA store, for every connection: tens of
+    milliseconds of the client's own CPU, counted against the node's connect timeout.
+    """
+
+    context: ssl.SSLContext | None = None
+
+    def _connect(self) -> Any:
+        if self.context is None:
+            return super()._connect()  # type: ignore[no-untyped-call]
+        sock = redis.Connection._connect(self)  # type: ignore[no-untyped-call]  # TCP, within the connect timeout
+        try:
+            return self.context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+
+
+#: Options that verify the certificate per connection (OCSP): those nodes keep redis-py's own TLS.
+_OCSP = ("ssl_validate_ocsp", "ssl_validate_ocsp_stapled", "ssl_ocsp_context", "ssl_ocsp_expected_cert")
+#: The files a TLS context reads, as the messages name them.
+_TLS_FILES = (("ssl_ca_certs", "CA file"), ("ssl_ca_path", "CA directory"), ("ssl_certfile", "certificate file"),
+              ("ssl_keyfile", "key file"))
+
+
+def _tls_context(kwargs: Mapping[str, Any]) -> ssl.SSLContext:
+    """A context as redis-py builds it for these ``ssl_*`` settings (its asyncio builder, which keeps it)."""
+    from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+
+    accepted = _init_params(AsyncSSLConnection)
+    settings = {k: v for k, v in kwargs.items() if k.startswith("ssl_") and k in accepted}
+    try:
+        return AsyncSSLConnection(**settings).ssl_context.get()
+    except (OSError, ValueError, redis.RedisError) as exc:
+        failure = exc
+    raise TLSSetupError(_unreadable(kwargs) or f"TLS settings not usable ({_ssl_reason(failure)})")
+
+
+def _unreadable(kwargs: Mapping[str, Any]) -> str | None:
+    for key, label in _TLS_FILES:
+        path = kwargs.get(key)
+        if path and not os.access(path, os.R_OK):
+            why = "permission denied" if os.path.exists(path) else "no such file"
+            return f"{label} {path} could not be read ({why})"
+    return None
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    """The client's reason for a TLS failure (OpenSSL's words; no secret in them)."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return str(exc.verify_message).rstrip(".")
+    reason = getattr(exc, "reason", None)
+    return str(reason) if reason else exc.__class__.__name__
 
 
 class NodeConfig:
@@ -146,7 +259,9 @@ class NodeConfig:
         fsync_always: bool = False,
     ) -> None:
         kwargs = dict(connection_kwargs)
-        secrets = [str(kwargs.get("password") or "")]
+        secrets = [str(kwargs.get("password") or ""), str(kwargs.get("ssl_password") or "")]
+        if connection_class is redis.SSLConnection and not any(kwargs.get(k) for k in _OCSP):
+            connection_class = TLSConnection
         kwargs.update(
             socket_timeout=node_timeout,
             socket_connect_timeout=node_timeout,
@@ -175,11 +290,40 @@ class NodeConfig:
         #: by every manager and the asyncio books (a failover is noticed whoever probes first).
         self.history = ledger.history_for(self.path or (f"{self.host}:{self.port}" if self.host else self.name))
         self._secrets = [s for s in secrets if s]
+        self._tls: ssl.SSLContext | None = None
+        self._tls_lock = forks.mutex(self, "_tls_lock")
+        problem: str | None = None
         try:
             connection_class(**kwargs)  # fail now on bad options, not on the first lock
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"node {self.name}: invalid connection options: {self.redact(str(exc))}") from None
+        except (TypeError, ValueError, redis.RedisError) as exc:  # RedisError: e.g. a bad ssl_cert_reqs
+            problem = self.redact(str(exc))
+        if problem is not None:
+            raise ValueError(f"node {self.name}: invalid connection options: {problem}")
         self._configured()
+
+    @property
+    def tls_pending(self) -> bool:
+        """A TLS node whose context is not built yet (the next connection builds it)."""
+        return self._tls is None and self.connection_class is TLSConnection
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """This node's TLS context, built on first use and then shared by every connection of both
+        drivers; None for a node without TLS. Raises :class:`TLSSetupError`.
+
+        Call it before a connect's timer starts: building it is the client's CPU, not the node's time.
+        """
+        if self.tls_pending:
+            with self._tls_lock:
+                if self._tls is None:
+                    self._tls = _tls_context(self.kwargs)
+        return self._tls
+
+    def new_connection(self) -> Any:
+        """A redis-py connection to this node, not connected yet (over the node's TLS context)."""
+        conn = self.connection_class(**self.kwargs)
+        if self.connection_class is TLSConnection:
+            conn.context = self.tls_context()
+        return conn
 
     def _configured(self) -> None:
         """What a driver's node adds once the settings are known (its connections' books)."""
@@ -300,11 +444,14 @@ def _from_url(
     url: str, options: dict[str, Any], node_timeout: float, where: str, make: type[N], fsync_always: bool = False
 ) -> N:
     _check_url(url, where)
+    problem = None
     try:
         pool = redis.ConnectionPool.from_url(url, **options)
     except (ValueError, TypeError) as exc:
-        secrets = [url, str(options.get("password") or "")]
-        raise ValueError(f"{where}: invalid Redis node {_display_url(url)!r}: {_redact(str(exc), secrets)}") from None
+        password = urlsplit(url).password or ""
+        problem = _redact(str(exc), [url, password, unquote(password), str(options.get("password") or "")])
+    if problem is not None:  # raised out here: the exception chained to it may hold the password
+        raise ValueError(f"{where}: invalid Redis node {_display_url(url)!r}: {problem}")
     kwargs = pool.connection_kwargs
     if "password" not in options and urlsplit(url).password:
         kwargs["password"] = unquote(urlsplit(url).password or "")
@@ -318,8 +465,27 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+def _tls_failure(exc: BaseException) -> str | None:
+    """Why the node's certificate was not accepted, when a TLS failure is behind ``exc``."""
+    seen = 0
+    found: BaseException | None = exc
+    while found is not None and seen < 8:  # redis-py raises its own error with the TLS one as context
+        if isinstance(found, TLSSetupError):
+            return f"certificate not accepted: {found}"
+        if isinstance(found, ssl.SSLCertVerificationError):
+            return f"certificate not accepted: {_ssl_reason(found)}"
+        if isinstance(found, ssl.SSLError) and not isinstance(found, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            return f"TLS error ({_ssl_reason(found)})"
+        found = found.__cause__ or found.__context__
+        seen += 1
+    return None
+
+
 def describe(exc: BaseException, node_timeout: float) -> str:
     """A short, credential-free reason for a failed node call."""
+    tls = _tls_failure(exc)
+    if tls is not None:
+        return tls
     if isinstance(exc, AuthenticationError) or "AUTH" in str(exc) or "WRONGPASS" in str(exc):
         return "authentication failed"
     if isinstance(exc, RedisTimeoutError) or isinstance(exc, TimeoutError):

@@ -133,7 +133,7 @@ class Node(NodeConfig):
                 return opened
         conn = None
         try:
-            conn = self.connection_class(**self.kwargs)
+            conn = self.new_connection()  # a TLS node's context is built once, before its first connect
             conn.connect()
             wire = Wire(conn, self.node_timeout)  # from here on the engine reads and writes the socket itself
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
