@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django_redlock import lazy
-from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable, StaleToken
+from django_redlock.exceptions import InvalidResource, LockError, LockLost, LockNotAcquired, QuorumUnavailable, StaleToken
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncLock",
     "AsyncLockManager",
+    "InvalidResource",
     "Lock",
     "LockError",
     "LockLost",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken"]
+__all__ = ["InvalidResource", "LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken"]
 
 
 class LockError(Exception):
@@ -59,3 +59,11 @@ class StaleToken(LockLost):
         self.token = token
         #: The higher token the storage holds.
         self.stored = stored
+
+
+class InvalidResource(ValueError):
+    """A resource no lock may name: too long, with a control character, or text UTF-8 cannot encode.
+
+    A :class:`ValueError` (the caller's input is wrong; no node was asked), of its own class so that a
+    view can answer a key built from request data with 400 Bad Request.
+    """

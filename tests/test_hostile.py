@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.core import AsyncLockManager, Hooks, LockManager, steps
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 from django_redlock.testing import RedisServer
@@ -306,3 +307,98 @@ def test_non_ascii_and_long_names_work(manager):
         lock = manager.acquire(name)
         assert [r.resource for r in manager.live_locks()] == [name]
         lock.release()
+
+
+# -- names the nodes cannot be sent ---------------------------------------------------
+
+
+class Seen(Hooks):
+    """Every node a round reported, and every acquire's outcome."""
+
+    def __init__(self):
+        self.nodes = []
+        self.outcomes = []
+
+    def nodes_seen(self, seen):
+        self.nodes.extend(seen)
+
+    def acquire_finished(self, report):
+        self.outcomes.append(report.outcome)
+
+
+def client_ids(servers):
+    """The ids of the clients connected to each server, but the asking one."""
+    ids = []
+    for server in servers:
+        with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+            me = client.client_id()
+            ids.append({c["id"] for c in client.client_list() if int(c["id"]) != me})
+    return ids
+
+
+LONE_SURROGATE = json.loads('"\\ud800"')  # what a JSON body can carry: no UTF-8 encodes it
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda m: m.acquire("order-" + LONE_SURROGATE, blocking=False), "resource"),
+        (lambda m: m.acquire(["order-1", "order-" + LONE_SURROGATE], blocking=False), "resource"),
+        (lambda m: m.acquire("order-1", blocking=False, label="by " + LONE_SURROGATE), "label"),
+        (lambda m: m.acquire("order-1", timeout=1.0, label=LONE_SURROGATE), "label"),
+        (lambda m: m.is_locked(LONE_SURROGATE), "resource"),
+        (lambda m: m.force_release(LONE_SURROGATE), "resource"),
+        (lambda m: m.lock_record(LONE_SURROGATE), "resource"),
+        (lambda m: m.lock_listing(match=LONE_SURROGATE), "match"),
+        (lambda m: m.adopt(LONE_SURROGATE, "token"), "resource"),
+    ],
+)
+def test_a_name_no_utf_8_encodes_is_refused_before_any_node_is_asked(engine, servers, call, argument):
+    """A lone surrogate (JSON "\\ud800") once failed every node's write: 503, every node reported
+    down to the hooks (node_up 0, a no_quorum refusal) and every connection dropped."""
+    seen = Seen()
+    manager = engine.manager(servers.urls, retry_count=0, restart_window=0, hooks=seen)
+    manager.acquire("warm-up").release()  # a connection to every node, parked
+    before, seen.nodes, seen.outcomes = client_ids(servers), [], []
+    with pytest.raises(ValueError, match=argument) as info:
+        call(manager)
+    assert not isinstance(info.value, LockNotAcquired)
+    assert "UTF-8" in str(info.value)
+    assert seen.nodes == [] and seen.outcomes == []  # no node was asked, none reported down
+    assert client_ids(servers) == before  # no connection dropped, none opened
+    manager.acquire("after").release()
+    assert all(node.up for node in seen.nodes)
+
+
+@pytest.mark.parametrize("argument", [LONE_SURROGATE, object()], ids=["lone-surrogate", "object"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_command_that_cannot_be_built_counts_against_no_node(servers, kind, argument):
+    """Whatever raises while a command is encoded is the caller's error: no node is marked down and no
+    connection is dropped, whichever step sent it."""
+    seen = Seen()
+    options = {"retry_count": 0, "restart_window": 0, "hooks": seen}
+    total = len(servers.urls)
+
+    if kind == "sync":
+        manager = LockManager(servers.urls, **options)
+        manager.acquire("warm-up").release()
+        before, seen.nodes[:] = client_ids(servers), []
+        with pytest.raises((ValueError, TypeError)) as info:
+            manager._run(steps.ask(total, [("GET", argument)], 0.5))
+        after = client_ids(servers)
+        manager.close()
+    else:
+        async def main():
+            manager = AsyncLockManager(servers.urls, **options)
+            await (await manager.acquire("warm-up")).release()
+            before, seen.nodes[:] = client_ids(servers), []
+            with pytest.raises((ValueError, TypeError)) as info:
+                await manager._run(steps.ask(total, [("GET", argument)], 0.5))
+            after = client_ids(servers)
+            await manager.aclose()
+            return before, info, after
+
+        before, info, after = asyncio.run(main())
+    assert "cannot be sent" in str(info.value)
+    assert seen.nodes == []  # no node reported, up or down
+    assert after == before  # no connection dropped, none opened
