@@ -10,7 +10,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-__all__ = ["Key", "KeySpec", "Keys", "KeysSpec", "find_request"]
+from django_redlock.core.config import check_resource
+
+__all__ = ["Key", "KeySpec", "Keys", "KeysSpec", "check_key", "find_request"]
 
 #: A lock key: a format string, or a callable returning the resource (or a list of them).
 KeySpec = str | Callable[..., Any]
@@ -119,10 +121,21 @@ class Keys:
             self.several = False
 
     def format(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
-        """The resource to lock, or the list of resources."""
+        """The resource to lock, or the list of resources; :class:`~django_redlock.exceptions.InvalidResource`
+        when the call's values make one no lock may name (a view answers 400)."""
         if not self.several:
-            return self.keys[0].format(args, kwargs, extra)
-        return [key.format(args, kwargs, extra) for key in self.keys]
+            return check_key(self.keys[0].format(args, kwargs, extra))
+        return check_key([key.format(args, kwargs, extra) for key in self.keys])
+
+
+def check_key(resources: Any) -> Any:
+    """``resources`` (a key's string, or a list of them), once each string is known to name a lock: raises
+    :class:`~django_redlock.exceptions.InvalidResource` for one too long, with a control character, or that
+    UTF-8 cannot encode (the values a request put in it); anything else is left to the hold to refuse."""
+    for resource in [resources] if isinstance(resources, str) else resources if isinstance(resources, list) else ():
+        if isinstance(resource, str) and resource:
+            check_resource(resource)
+    return resources
 
 
 def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest | None:
