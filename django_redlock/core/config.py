@@ -14,7 +14,7 @@ from typing import Any, Literal, overload
 
 from django_redlock.core import clock
 from django_redlock.core.hooks import AcquireReport, CombinedHooks, Hooks, NodeSeen, Outcome, call_hook, wants
-from django_redlock.core.records import Holder
+from django_redlock.core.records import MAX_RESOURCES, Holder
 from django_redlock.core.scripts import INSPECT, LIST, RELEASE, script_command
 from django_redlock.exceptions import InvalidResource
 
@@ -66,8 +66,6 @@ DRIFT_CONSTANT = 0.002
 #: The longest ttl any client may use unless configured otherwise (seconds).
 DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
-#: The most resources one lock may take at once (all or nothing).
-MAX_RESOURCES = 1000
 TOKEN_BYTES = 20
 #: The longest single wait in line: a waiter votes again at least this often.
 WAIT_SLICE = 0.5
