@@ -62,7 +62,8 @@ class StaleToken(LockLost):
 
 
 class InvalidResource(ValueError):
-    """A resource no lock may name: too long, with a control character, or text UTF-8 cannot encode.
+    """A resource no lock may name (too long, with a control character, or text UTF-8 cannot encode), or
+    more resources than one lock may take.
 
     A :class:`ValueError` (the caller's input is wrong; no node was asked), of its own class so that a
     view can answer a key built from request data with 400 Bad Request.

@@ -89,3 +89,11 @@ def test_a_plain_function_raises_the_value_error_naming_the_resource():
         job("a\nb")
     assert job("fine") == "fine"
     assert not get_lock_manager().is_locked("job-fine")
+
+
+def test_more_resources_than_a_lock_may_take_from_a_body_is_400(caplog):
+    body = json.dumps({"items": list(range(1001))})
+    response = Client().post("/items/", body, content_type="application/json", HTTP_ACCEPT="application/json")
+    assert response.status_code == 400 and response.json()["code"] == "invalid_lock_key"
+    assert errors_logged(caplog) == []
+    assert Client().post("/items/", '{"items": [1, 2]}', content_type="application/json").status_code == 200

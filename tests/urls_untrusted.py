@@ -44,6 +44,11 @@ def order(request):
     return HttpResponse("ok")
 
 
+@redlock(lambda request: [f"item-{i}" for i in json.loads(request.body)["items"]], ttl=5)
+def items(request):
+    return HttpResponse("ok")
+
+
 class DocApiView(APIView):
     @redlock("doc-{name}", ttl=5)
     def get(self, request, name):
@@ -70,6 +75,7 @@ urlpatterns = [
     path("doc-mixin/<str:name>/", DocView.as_view()),
     path("doc-mixin-async/<str:name>/", DocAsyncView.as_view()),
     path("order/", order),
+    path("items/", items),
     path("api/doc/<str:name>/", DocApiView.as_view()),
     path("api/doc-fn/<str:name>/", doc_api),
     path("api/doc-mixin/<str:name>/", DocMixinApiView.as_view()),

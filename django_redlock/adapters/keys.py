@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from django_redlock.core.config import check_resource
+from django_redlock.core.config import check_resource, check_resources
 
 __all__ = ["Key", "KeySpec", "Keys", "KeysSpec", "check_key", "find_request"]
 
@@ -129,12 +129,14 @@ class Keys:
 
 
 def check_key(resources: Any) -> Any:
-    """``resources`` (a key's string, or a list of them), once each string is known to name a lock: raises
-    :class:`~django_redlock.exceptions.InvalidResource` for one too long, with a control character, or that
-    UTF-8 cannot encode (the values a request put in it); anything else is left to the hold to refuse."""
-    for resource in [resources] if isinstance(resources, str) else resources if isinstance(resources, list) else ():
-        if isinstance(resource, str) and resource:
-            check_resource(resource)
+    """``resources`` (a key's string, or a list of them), once known to name a lock: raises
+    :class:`~django_redlock.exceptions.InvalidResource` for a name too long, with a control character, or
+    that UTF-8 cannot encode, or too many names (what the values of a request made); anything else is left
+    to the hold to refuse."""
+    if isinstance(resources, str) and resources:
+        check_resource(resources)
+    elif isinstance(resources, list) and resources and all(isinstance(r, str) and r for r in resources):
+        check_resources(resources)
     return resources
 
 

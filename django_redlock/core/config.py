@@ -132,7 +132,7 @@ def check_resources(resources: Any) -> tuple[str, ...]:
     if not names:
         raise ValueError("resources must name at least one resource; got an empty collection.")
     if len(names) > MAX_RESOURCES:
-        raise ValueError(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
+        raise InvalidResource(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
     return tuple(names)
 
 
