@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from django_redlock import lazy
 from django_redlock.exceptions import (
     FencingUnverifiable,
+    InvalidResource,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -20,6 +21,7 @@ __all__ = [
     "AsyncLock",
     "AsyncLockManager",
     "FencingUnverifiable",
+    "InvalidResource",
     "Lock",
     "LockError",
     "LockLost",

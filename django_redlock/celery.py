@@ -38,6 +38,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django_redlock import conf
 from django_redlock.core import Lock, base
 from django_redlock.adapters import transactions
+from django_redlock.core.records import printable
 from django_redlock.adapters.answers import retry_after_seconds
 from django_redlock.adapters.keys import Keys, KeysSpec
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
@@ -141,6 +142,7 @@ def redlock_task(
     if label is not None and not isinstance(label, str):
         raise ImproperlyConfigured(f"label must be a string or None; got {label!r}.")
     aliases = _atomic_aliases(atomic)
+    base.check_label(label)
 
     def decorator(func: F) -> F:
         _check_target(func)
@@ -272,15 +274,16 @@ def _running_task(wrapper: Callable[..., Any]) -> Any:
 
 
 def _label(task: Any) -> str | None:
+    """The default label: the task's name and id, which its sender chose (escaped, so that a label may hold them)."""
     if task is None:
         return None
     task_id = getattr(task.request, "id", None)
-    return f"celery {task.name}[{task_id}]" if task_id else f"celery {task.name}"
+    return printable(f"celery {task.name}[{task_id}]" if task_id else f"celery {task.name}")
 
 
 def _describe(task: Any, name: str) -> str:
     task_id = getattr(task.request, "id", None) if task is not None else None
-    return f"{name}[{task_id}]" if task_id else name
+    return printable(f"{name}[{task_id}]") if task_id else name
 
 
 #: The keys of ``RedlockTask.redlock``: ``key`` (required) and :func:`redlock_task`'s keyword arguments.

@@ -291,8 +291,15 @@ def check_votes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 def _config_word(reply: Any) -> str | None:
     """The value of a ``CONFIG GET name`` reply, None when it was refused or did not come."""
     if isinstance(reply, list) and len(reply) == 2:
-        return reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        return _word(reply[1])
     return None
+
+
+def _word(value: Any) -> str:
+    """A word a node replied, as a message may show it (control characters escaped)."""
+    from django_redlock.core.records import printable
+
+    return printable(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
 
 
 @register(TAG, NODES_TAG, deploy=True)
@@ -354,10 +361,10 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         if run_id:
             run_ids.setdefault(run_id, []).append(node.name)
         if isinstance(role, list) and role and role[0] not in (b"master", "master"):
-            shown = role[0].decode() if isinstance(role[0], bytes) else role[0]
+            shown = _word(role[0])
             errors.append(Warning(Messages.REPLICA.format(node=node.name, role=shown), hint=Hints.REPLICA, id=Codes.REPLICA))
         if isinstance(policy, list) and len(policy) == 2:
-            value = policy[1].decode() if isinstance(policy[1], bytes) else str(policy[1])
+            value = _word(policy[1])
             if value != "noeviction":  # volatile-* policies evict keys with a ttl: lock keys
                 errors.append(
                     Warning(Messages.EVICTION.format(node=node.name, policy=value), hint=Hints.EVICTION, id=Codes.EVICTION)

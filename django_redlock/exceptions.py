@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken", "FencingUnverifiable"]
+__all__ = ["InvalidResource", "LockError", "LockNotAcquired", "QuorumUnavailable", "LockLost", "StaleToken", "FencingUnverifiable"]
 
 
 class LockError(Exception):
@@ -63,3 +63,12 @@ class StaleToken(LockLost):
 
 class FencingUnverifiable(LockError):
     """A fenced write was refused unwritten: its transaction's snapshot may hide a newer holder's rows."""
+
+
+class InvalidResource(ValueError):
+    """A resource no lock may name (too long, with a control character, or text UTF-8 cannot encode), or
+    more resources than one lock may take.
+
+    A :class:`ValueError` (the caller's input is wrong; no node was asked), of its own class so that a
+    view can answer a key built from request data with 400 Bad Request.
+    """

@@ -23,14 +23,15 @@ from rest_framework.exceptions import APIException
 from rest_framework.views import exception_handler as default_exception_handler
 
 from django_redlock.adapters.texts import (
+    INVALID_DETAIL,
     LOCKED_DETAIL,
     LOST_DETAIL,
     UNAVAILABLE_DETAIL,
     retry_after_seconds,
 )
-from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+from django_redlock.exceptions import InvalidResource, LockLost, LockNotAcquired, QuorumUnavailable
 
-__all__ = ["LockServiceUnavailable", "LockWasLost", "Locked", "api_exception", "exception_handler"]
+__all__ = ["InvalidLockKey", "LockServiceUnavailable", "LockWasLost", "Locked", "api_exception", "exception_handler"]
 
 
 class LockAnswer(APIException):  # type: ignore[misc]  # REST framework ships no types
@@ -79,10 +80,20 @@ class LockWasLost(LockAnswer):
     default_code = "lock_lost"
 
 
-def api_exception(error: LockNotAcquired | LockLost) -> LockAnswer:
+class InvalidLockKey(LockAnswer):
+    """400 Bad Request: the lock key built from the request names no lock (too long, a control character)."""
+
+    status_code = 400
+    default_detail = INVALID_DETAIL
+    default_code = "invalid_lock_key"
+
+
+def api_exception(error: LockNotAcquired | LockLost | InvalidResource) -> LockAnswer:
     """The REST framework exception answering ``error`` (kept as its ``__cause__``)."""
     answer: LockAnswer
-    if isinstance(error, LockLost):
+    if isinstance(error, InvalidResource):
+        answer = InvalidLockKey()
+    elif isinstance(error, LockLost):
         answer = LockWasLost()
     elif isinstance(error, QuorumUnavailable):
         answer = LockServiceUnavailable(retry_after_seconds(error))

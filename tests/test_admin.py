@@ -495,3 +495,34 @@ def test_ten_thousand_locks_filtered_or_not_are_one_reading(admin_client, server
         if not query:  # in resource order the walk reads key names alone: values only for the page's rows
             assert after[2] - gets <= 100, after
         print(query, re.search(r"· (\d+) ms", page).group(1), "ms")
+
+
+# -- damaged and hostile values on the nodes ----------------------------------------------
+
+
+def test_damaged_holder_values_never_take_the_admin_down(django_user_model, servers):
+    """acquired_at of 1e20 or NaN once made 4 of 5 pages answer 500."""
+    from tests.hostile_values import HOSTILE, write_hostile
+
+    write_hostile(servers)
+    client, _ = staff(django_user_model, "view_lock", "release_lock")
+    client.raise_request_exception = False  # count the pages that fail
+    pages = [
+        (LIST, {}),
+        (LIST, {"o": "acquired"}),
+        (LIST, {"o": "-acquired"}),
+        (LIST, {"o": "holder"}),
+        (LIST, {"state": "held"}),
+        (LIST, {"q": "date"}),
+    ]
+    pages += [(DETAIL, {"resource": resource}) for resource in HOSTILE if "\n" not in resource]
+    pages += [(RELEASE, {"resource": list(HOSTILE)[:4]})]
+    failed = []
+    for name, query in pages:
+        response = client.get(reverse(name), query)
+        if response.status_code != 200:
+            failed.append((name, query, response.status_code))
+    assert failed == [], "\n".join(map(repr, failed)) + f" {len(failed)} of {len(pages)}"
+    page = client.get(reverse(LIST)).content.decode()
+    assert page.count('class="field-holder"') == len(HOSTILE)  # one row each: a newline forges none
+    assert "web-1:11" in page  # the fields that are sound are still shown

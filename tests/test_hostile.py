@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import socket
 import threading
 import time
@@ -13,7 +15,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.core import AsyncLockManager, Hooks, LockManager, steps
 from django_redlock.core.records import Holder
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
 from django_redlock.testing import RedisServer
@@ -294,3 +296,194 @@ def test_non_ascii_and_long_names_work(manager):
         lock = manager.acquire(name)
         assert [r.resource for r in manager.live_locks()] == [name]
         lock.release()
+
+
+# -- names the nodes cannot be sent ---------------------------------------------------
+
+
+class Seen(Hooks):
+    """Every node a round reported, and every acquire's outcome."""
+
+    def __init__(self):
+        self.nodes = []
+        self.outcomes = []
+
+    def nodes_seen(self, seen):
+        self.nodes.extend(seen)
+
+    def acquire_finished(self, report):
+        self.outcomes.append(report.outcome)
+
+
+def client_ids(servers):
+    """The ids of the clients connected to each server, but the asking one."""
+    ids = []
+    for server in servers:
+        with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+            me = client.client_id()
+            ids.append({c["id"] for c in client.client_list() if int(c["id"]) != me})
+    return ids
+
+
+LONE_SURROGATE = json.loads('"\\ud800"')  # what a JSON body can carry: no UTF-8 encodes it
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda m: m.acquire("order-" + LONE_SURROGATE, blocking=False), "resource"),
+        (lambda m: m.acquire(["order-1", "order-" + LONE_SURROGATE], blocking=False), "resource"),
+        (lambda m: m.acquire("order-1", blocking=False, label="by " + LONE_SURROGATE), "label"),
+        (lambda m: m.acquire("order-1", timeout=1.0, label=LONE_SURROGATE), "label"),
+        (lambda m: m.is_locked(LONE_SURROGATE), "resource"),
+        (lambda m: m.force_release(LONE_SURROGATE), "resource"),
+        (lambda m: m.lock_record(LONE_SURROGATE), "resource"),
+        (lambda m: m.lock_listing(match=LONE_SURROGATE), "match"),
+        (lambda m: m.adopt(LONE_SURROGATE, "token"), "resource"),
+    ],
+)
+def test_a_name_no_utf_8_encodes_is_refused_before_any_node_is_asked(engine, servers, call, argument):
+    """A lone surrogate (JSON "\\ud800") once failed every node's write: 503, every node reported
+    down to the hooks (node_up 0, a no_quorum refusal) and every connection dropped."""
+    seen = Seen()
+    manager = engine.manager(servers.urls, retry_count=0, restart_window=0, hooks=seen)
+    manager.acquire("warm-up").release()  # a connection to every node, parked
+    before, seen.nodes, seen.outcomes = client_ids(servers), [], []
+    with pytest.raises(ValueError, match=argument) as info:
+        call(manager)
+    assert not isinstance(info.value, LockNotAcquired)
+    assert "UTF-8" in str(info.value)
+    assert seen.nodes == [] and seen.outcomes == []  # no node was asked, none reported down
+    assert client_ids(servers) == before  # no connection dropped, none opened
+    manager.acquire("after").release()
+    assert all(node.up for node in seen.nodes)
+
+
+@pytest.mark.parametrize("argument", [LONE_SURROGATE, object()], ids=["lone-surrogate", "object"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_command_that_cannot_be_built_counts_against_no_node(servers, kind, argument):
+    """Whatever raises while a command is encoded is the caller's error: no node is marked down and no
+    connection is dropped, whichever step sent it."""
+    seen = Seen()
+    options = {"retry_count": 0, "restart_window": 0, "hooks": seen}
+    total = len(servers.urls)
+
+    if kind == "sync":
+        manager = LockManager(servers.urls, **options)
+        manager.acquire("warm-up").release()
+        before, seen.nodes[:] = client_ids(servers), []
+        with pytest.raises((ValueError, TypeError)) as info:
+            manager._run(steps.ask(total, [("GET", argument)], 0.5))
+        after = client_ids(servers)
+        manager.close()
+    else:
+        async def main():
+            manager = AsyncLockManager(servers.urls, **options)
+            await (await manager.acquire("warm-up")).release()
+            before, seen.nodes[:] = client_ids(servers), []
+            with pytest.raises((ValueError, TypeError)) as info:
+                await manager._run(steps.ask(total, [("GET", argument)], 0.5))
+            after = client_ids(servers)
+            await manager.aclose()
+            return before, info, after
+
+        before, info, after = asyncio.run(main())
+    assert "cannot be sent" in str(info.value)
+    assert seen.nodes == []  # no node reported, up or down
+    assert after == before  # no connection dropped, none opened
+
+
+# -- values anyone who can write under the prefix may leave on the nodes -----------------
+
+#: Any text, lone surrogates and control characters included.
+ANY_TEXT = st.text(alphabet=st.characters(codec=None, categories=None), max_size=30)
+NUMBERS = st.one_of(
+    st.integers(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e20, -1e20, 1e308, float("nan"), float("inf"), 253402300800, -62135596800, 0, -1]),
+)
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), NUMBERS, ANY_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(ANY_TEXT, inner, max_size=3)),
+    max_leaves=6,
+)
+FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "t": st.one_of(ANY_TEXT, JSON_VALUES),
+        "h": st.one_of(ANY_TEXT, JSON_VALUES),
+        "p": st.one_of(NUMBERS, JSON_VALUES),
+        "a": st.one_of(NUMBERS, JSON_VALUES),
+        "l": st.one_of(ANY_TEXT, JSON_VALUES),
+        "n": st.one_of(NUMBERS, JSON_VALUES),
+    },
+)
+
+
+def stored(fields):
+    """A value as a node could hold it: JSON (NaN and Infinity too, as Python writes them)."""
+    return json.dumps(fields, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def assert_sane(holder):
+    """What every consumer (admin, listing, command, metrics) may rely on."""
+    from datetime import datetime, timezone
+
+    assert isinstance(holder.token, str)
+    for text in (holder.token, holder.host, holder.label):
+        if text is not None:
+            text.encode("utf-8")  # never a lone surrogate: pages and terminals are written in UTF-8
+    assert holder.host is None or isinstance(holder.host, str)
+    assert holder.label is None or isinstance(holder.label, str)
+    assert holder.pid is None or (type(holder.pid) is int and holder.pid >= 0)
+    assert type(holder.members) is int and 1 <= holder.members <= 1000
+    if holder.acquired_at is not None:
+        assert type(holder.acquired_at) is float
+        datetime.fromtimestamp(holder.acquired_at, tz=timezone.utc)  # a date the admin can show
+        json.dumps(holder.acquired_at, allow_nan=False)
+    shown = str(holder)
+    assert shown.isprintable(), shown  # no control character reaches a terminal or a log line
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=FIELDS)
+def test_any_value_on_the_nodes_decodes_to_a_holder_every_consumer_can_show(fields):
+    raw = stored(fields)
+    for holder in (Holder.decode(raw), Holder.decode_many([raw.decode("utf-8", "replace")])[0]):
+        assert_sane(holder)
+    assert Holder.decode_many([raw.decode("utf-8", "replace")]) == [Holder.decode(raw)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.one_of(st.binary(max_size=80), JSON_VALUES.map(stored)))
+def test_any_bytes_on_the_nodes_decode_to_a_holder_every_consumer_can_show(raw):
+    assert_sane(Holder.decode(raw))
+
+
+@pytest.mark.parametrize(
+    "acquired", ["1e20", "-1e20", "NaN", "Infinity", "-Infinity", "1e400", "true", "9" * 400, "253402300800"]
+)
+def test_a_damaged_acquired_at_is_no_date(acquired):
+    holder = Holder.decode('{"t":"x","h":"host","p":7,"a":' + acquired + "}")
+    assert holder.token == "x" and holder.host == "host" and holder.acquired_at is None
+
+
+def test_a_value_nested_too_deep_to_parse_is_a_bare_token():
+    raw = "[" * 100_000
+    assert Holder.decode(raw).token == raw and Holder.decode_many([raw])[0].token == raw
+
+
+@pytest.mark.parametrize("label", ["a\nrefund-77 held by a quorum 3/3", "\x1b]0;pwned\x07", "tab\there", "del\x7f"])
+def test_a_label_with_a_control_character_is_refused_where_it_enters(manager, label):
+    """Labels are shown to operators: a newline forged a row of `redlock list`, ESC/OSC reached the terminal."""
+    from django_redlock import redlock
+
+    with pytest.raises(ValueError, match="label must not contain control characters"):
+        manager.acquire("labelled", label=label)
+    with pytest.raises(ValueError, match="label must not contain control characters"):
+        LockManager(["redis://127.0.0.1:1"], label=label)
+    with pytest.raises(ValueError, match="label must not contain control characters"):
+        redlock("labelled-{pk}", label=label)
+    assert not manager.is_locked("labelled")
+    manager.acquire("labelled", label="billing: run 7 (nightly)").release()

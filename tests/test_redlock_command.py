@@ -294,3 +294,57 @@ def test_color_options_after_the_subcommand(servers):
     assert plain.returncode == 0 and "\x1b[" not in plain.stdout + plain.stderr and "5 of 5" in plain.stdout
     both = manage_py(servers, "redlock", "status", "--no-color", "--force-color")
     assert both.returncode == ExitCode.ERROR and "can't be used together" in both.stderr
+
+
+# -- damaged and hostile values on the nodes ----------------------------------------------
+
+
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, which are not JSON."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_list_shows_damaged_and_hostile_values_escaped_in_text_and_json(servers):
+    """A newline in a label forged a row ("refund-77 held by a quorum 3/3") and ESC/OSC sequences reached
+    the terminal; acquired_at NaN printed NaN, which is not JSON."""
+    from tests.hostile_values import HOSTILE, write_hostile
+
+    write_hostile(servers)
+    out, err = run("list")
+    lines = out.rstrip("\n").split("\n")
+    assert len(lines) == 1 + len(HOSTILE), out  # the header and one row a lock: no forged row
+    assert not any(line.startswith("refund-7") for line in lines)
+    assert all(line.isprintable() for line in lines), out
+    assert "\\x1b]0;pwned\\x07" in out and "\\n" in out  # shown, escaped
+    assert err == ""
+    data = strict_json(run("list", "--json")[0])
+    assert sorted(r["resource"] for r in data) == sorted(HOSTILE)
+    by_name = {r["resource"]: r for r in data}
+    assert by_name["date-nan"]["holder"]["acquired_at"] is None
+    assert by_name["date-1e20"]["holder"] == {
+        "token": "a1", "host": "web-1", "pid": 11, "label": None, "acquired_at": None,
+    }
+    for record in data:
+        assert record["state"] == "held" and record["nodes_holding"] == 5
+
+
+def test_status_and_node_reasons_are_escaped():
+    from django.core.management.color import no_style
+
+    from django_redlock.core.records import NodeStatus
+    from django_redlock.management.commands.redlock import Command
+
+    command = Command()
+    command.style = no_style()
+    down = NodeStatus("node-1", reachable=False, error="error reply: ERR \x1b]0;pwned\x07\nforged")
+    up = NodeStatus(
+        "node-2", reachable=True, latency=0.001, role="master\x1b[2J", version="7.2\n8", run_id="ab\x07cd",
+        votes=False, not_voting_reason="restarted\x1b[31m", warning="INFO\nrefused",
+    )
+    for status in (down, up):
+        line = command.status_line(status)
+        assert line.isprintable(), line

@@ -17,6 +17,8 @@ from django.utils.translation import get_language
 
 from django_redlock import conf
 from django_redlock.adapters.texts import (
+    INVALID_DETAIL,
+    INVALID_TITLE,
     LOCKED_DETAIL,
     LOCKED_TITLE,
     LOST_DETAIL,
@@ -25,12 +27,14 @@ from django_redlock.adapters.texts import (
     UNAVAILABLE_TITLE,
     retry_after_seconds,
 )
-from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+from django_redlock.exceptions import InvalidResource, LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = [
     "HTML",
     "JSON",
     "PROBLEM_JSON",
+    "answer_invalid_key",
+    "invalid_key_response",
     "locked_response",
     "lost_response",
     "preferred_type",
@@ -117,7 +121,7 @@ def wants_json(request: HttpRequest) -> bool:
 
 def problem_type(code: str) -> str:
     """The RFC 9457 ``type`` of a problem by its code (``locked``, ``lock_service_unavailable``,
-    ``lock_lost``): the documentation's section about it."""
+    ``lock_lost``, ``invalid_lock_key``): the documentation's section about it."""
     return f"{PROBLEM_TYPES_PAGE}#problem-{code.replace('_', '-')}"
 
 
@@ -179,6 +183,17 @@ def lost_response(request: HttpRequest, error: LockLost) -> HttpResponse:
     return _answer(request, 500, "lock_lost", LOST_TITLE, LOST_DETAIL, None)
 
 
+def invalid_key_response(request: HttpRequest, error: InvalidResource) -> HttpResponse:
+    """The answer of a view whose lock key, built from the request, names no lock a view may take
+    (too long, a control character, text UTF-8 cannot encode): 400 Bad Request.
+
+    The client's error, not the server's: Django logs it as a warning. The body follows the
+    ``Accept`` header as for :func:`locked_response`, with the code ``invalid_lock_key``; it does not
+    repeat the name.
+    """
+    return _answer(request, 400, "invalid_lock_key", INVALID_TITLE, INVALID_DETAIL, None)
+
+
 # -- who answers ------------------------------------------------------------------
 
 
@@ -204,6 +219,22 @@ def answer_locked(request: HttpRequest, error: LockNotAcquired, on_locked: Any, 
             raise exc
         return rest_framework.answer_before_handler(*api, exc)
     return locked_handler(on_locked)(request, error)
+
+
+def answer_invalid_key(request: HttpRequest | None, error: InvalidResource, api: ApiView | None = None) -> Any:
+    """A view's answer to a key built from its request that no lock may name: :func:`invalid_key_response`
+    (a REST framework view: its exception, raised in the handler or answered by ``api``); anything but a
+    view (no request) raises ``error``."""
+    if request is None:
+        raise error
+    if _is_api(request):
+        from django_redlock import rest_framework
+
+        exc = rest_framework.api_exception(error)
+        if api is None:
+            raise exc
+        return rest_framework.answer_before_handler(*api, exc)
+    return invalid_key_response(request, error)
 
 
 def answer_loss(error: LockLost | None, result: Any, request: HttpRequest | None, api: ApiView | None = None) -> Any:

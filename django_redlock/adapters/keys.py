@@ -10,7 +10,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-__all__ = ["Key", "KeySpec", "Keys", "KeysSpec", "find_request"]
+from django_redlock.core.config import check_resource, check_resources
+
+__all__ = ["Key", "KeySpec", "Keys", "KeysSpec", "check_key", "find_request"]
 
 #: A lock key: a format string, or a callable returning the resource (or a list of them).
 KeySpec = str | Callable[..., Any]
@@ -119,10 +121,23 @@ class Keys:
             self.several = False
 
     def format(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any] | None = None) -> Any:
-        """The resource to lock, or the list of resources."""
+        """The resource to lock, or the list of resources; :class:`~django_redlock.exceptions.InvalidResource`
+        when the call's values make one no lock may name (a view answers 400)."""
         if not self.several:
-            return self.keys[0].format(args, kwargs, extra)
-        return [key.format(args, kwargs, extra) for key in self.keys]
+            return check_key(self.keys[0].format(args, kwargs, extra))
+        return check_key([key.format(args, kwargs, extra) for key in self.keys])
+
+
+def check_key(resources: Any) -> Any:
+    """``resources`` (a key's string, or a list of them), once known to name a lock: raises
+    :class:`~django_redlock.exceptions.InvalidResource` for a name too long, with a control character, or
+    that UTF-8 cannot encode, or too many names (what the values of a request made); anything else is left
+    to the hold to refuse."""
+    if isinstance(resources, str) and resources:
+        check_resource(resources)
+    elif isinstance(resources, list) and resources and all(isinstance(r, str) and r for r in resources):
+        check_resources(resources)
+    return resources
 
 
 def find_request(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest | None:

@@ -19,9 +19,9 @@ from django_redlock.core import base
 from django_redlock.core.async_manager import AsyncLockContext
 from django_redlock.core.lock import LockContext
 from django_redlock.adapters import transactions
-from django_redlock.adapters.answers import ApiView, answer_locked, answer_loss
-from django_redlock.adapters.keys import Keys, KeysSpec, find_request
-from django_redlock.exceptions import LockNotAcquired
+from django_redlock.adapters.answers import ApiView, answer_invalid_key, answer_locked, answer_loss
+from django_redlock.adapters.keys import Keys, KeysSpec, check_key, find_request
+from django_redlock.exceptions import InvalidResource, LockNotAcquired
 
 __all__ = ["RedlockMixin", "redlock"]
 
@@ -64,6 +64,7 @@ def redlock(
         base.check_ttl(ttl, 1.0)
     base.check_wait(blocking, timeout)
     base.check_flag(reentrant, "reentrant")
+    base.check_label(label)
 
     def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
@@ -84,7 +85,10 @@ def redlock(
             async def async_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
                 from django_redlock.manager import get_async_lock_manager
 
-                resource = spec.format(args, kwargs)
+                try:
+                    resource = spec.format(args, kwargs)
+                except InvalidResource as error:  # built from the request: the client's error
+                    return answer_invalid_key(find_request(args, kwargs), error)
                 conf.check_max_ttl(ttl)
                 hold = get_async_lock_manager().lock(resource, auto_extend=auto_extend, **options)
                 return await _run_held_async(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked)
@@ -96,7 +100,10 @@ def redlock(
         def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
             from django_redlock.manager import get_lock_manager
 
-            resource = spec.format(args, kwargs)
+            try:
+                resource = spec.format(args, kwargs)
+            except InvalidResource as error:  # built from the request: the client's error
+                return answer_invalid_key(find_request(args, kwargs), error)
             conf.check_max_ttl(ttl)
             hold = get_lock_manager().lock(resource, auto_extend=auto_extend, **options)
             return _run_held(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked, owner=wrapper)
@@ -244,7 +251,10 @@ class RedlockMixin:
 
         if _is_api_view(self):
             request._redlock_api = True  # type: ignore[attr-defined]  # answered in JSON, as @redlock does
-        resource = self.get_redlock_key()
+        try:
+            resource = check_key(self.get_redlock_key())
+        except InvalidResource as error:  # built from the request: the client's error
+            return _invalid_key(self, request, error, args, kwargs)
         conf.check_max_ttl(self.redlock_ttl)
         options: dict[str, Any] = {
             "blocking": self.redlock_blocking,
@@ -270,6 +280,19 @@ class RedlockMixin:
         if not cls.view_is_async:  # type: ignore[attr-defined]
             transactions.claim(view, cls)
         return view
+
+
+def _invalid_key(view: Any, request: HttpRequest, error: InvalidResource, args: Any, kwargs: Any) -> Any:
+    """``RedlockMixin``'s answer to a key no lock may name; awaitable for an async view."""
+    api = (view, functools.partial(super(RedlockMixin, view).dispatch, request, *args, **kwargs))
+    answer = answer_invalid_key(request, error, api if _is_api_view(view) else None)
+    if getattr(type(view), "view_is_async", False):
+
+        async def answered() -> Any:
+            return answer
+
+        return answered()
+    return answer
 
 
 def _is_api_view(view: Any) -> bool:

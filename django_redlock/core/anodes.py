@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
-from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack
+from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack, pack_write
 from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
 from django_redlock.core.steps import Fan
 
@@ -179,15 +179,6 @@ class AsyncNode:
         aconn = AConn(conn, self, books, transport)
         transport.set_protocol(aconn)
         return aconn
-
-    def write(self, aconn: AConn, commands: list[tuple[Any, ...]], packed: dict[Any, bytes]) -> None:
-        if len(commands) == 1:
-            data = packed.get(commands[0])
-            if data is None:
-                data = packed[commands[0]] = pack(commands[0])  # the same command usually goes to every node
-        else:
-            data = b"".join(pack(c) for c in commands)
-        aconn.write(data)
 
     def drop(self, aconn: AConn, reason: str) -> None:
         """The connection broke (or is given up): the books tell the rounds waiting on it and drop it; close it."""
@@ -360,13 +351,14 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
     rnd.on_reply = lambda: _wake(wake[0])
-    packed: dict[tuple[Any, ...], bytes] = {}
+    packed = fan.packed  # every command of the round, encoded before any node was asked
 
     def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
         anode = anodes[i]
         error = None
+        data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
         try:
-            anode.write(aconn, wire, packed)
+            aconn.write(data)
         except Exception as exc:  # noqa: BLE001 - the connection is broken
             error = anode.node.redact(describe(exc, anode.node_timeout))
             aconn.close()

@@ -14,8 +14,9 @@ from typing import Any, Literal, overload
 
 from django_redlock.core import clock
 from django_redlock.core.hooks import AcquireReport, CombinedHooks, Hooks, NodeSeen, Outcome, call_hook, wants
-from django_redlock.core.records import Holder
+from django_redlock.core.records import MAX_RESOURCES, Holder
 from django_redlock.core.scripts import INSPECT, LIST, RELEASE, script_command
+from django_redlock.exceptions import InvalidResource
 
 __all__ = [
     "ARGUMENTS",
@@ -38,9 +39,11 @@ __all__ = [
     "check_count",
     "check_drift_factor",
     "check_duration",
+    "check_encodable",
     "check_flag",
     "check_keep_alive",
     "check_label",
+    "check_name",
     "check_resource",
     "check_resources",
     "check_seconds",
@@ -63,8 +66,6 @@ DRIFT_CONSTANT = 0.002
 #: The longest ttl any client may use unless configured otherwise (seconds).
 DEFAULT_MAX_TTL = 60.0
 MAX_RESOURCE_LENGTH = 1024
-#: The most resources one lock may take at once (all or nothing).
-MAX_RESOURCES = 1000
 TOKEN_BYTES = 20
 #: The longest single wait in line: a waiter votes again at least this often.
 WAIT_SLICE = 0.5
@@ -74,18 +75,42 @@ PLACE_MARGIN = 1.0
 
 
 def check_resource(resource: Any) -> str:
+    """A resource a lock may name: a non-empty string of at most :data:`MAX_RESOURCE_LENGTH`
+    characters, with no control character, that UTF-8 encodes."""
     if not isinstance(resource, str):
         raise ValueError(f"resource must be a non-empty string; got {type(resource).__name__}.")
     if not resource:
         raise ValueError("resource must be a non-empty string.")
     if len(resource) > MAX_RESOURCE_LENGTH:
-        raise ValueError(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
+        raise InvalidResource(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
     if _CONTROL.search(resource):
-        raise ValueError("resource must not contain control characters.")
-    return resource
+        raise InvalidResource("resource must not contain control characters.")
+    return check_encodable(resource, "resource", InvalidResource)
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def check_encodable(text: str, argument: str, error: type[ValueError] = ValueError) -> str:
+    """``text``, once known to be UTF-8 encodable: every string sent to the nodes is (a lone surrogate,
+    as JSON's ``"\\ud800"`` makes, is not). Raises ``error`` naming ``argument`` otherwise."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise error(
+                f"{argument} must be text that UTF-8 can encode; it holds {text[exc.start]!r} at position {exc.start} "
+                "(a lone surrogate)."
+            ) from None
+    return text
+
+
+def check_name(name: Any, argument: str = "resource") -> str:
+    """A name that is only read (``is_locked()``, ``lock_record()``): any non-empty string UTF-8 encodes,
+    even one ``acquire()`` refuses (a key written by something else)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{argument} must be a non-empty string; got {name!r}.")
+    return check_encodable(name, argument)
 
 
 def _glob_escape(text: str) -> str:
@@ -107,7 +132,7 @@ def check_resources(resources: Any) -> tuple[str, ...]:
     if not names:
         raise ValueError("resources must name at least one resource; got an empty collection.")
     if len(names) > MAX_RESOURCES:
-        raise ValueError(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
+        raise InvalidResource(f"{len(names)} resources in one lock; the limit is {MAX_RESOURCES}.")
     return tuple(names)
 
 
@@ -171,15 +196,21 @@ def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> float | N
 
 
 def check_label(label: Any, argument: str = "label") -> str | None:
-    if label is not None and not isinstance(label, str):
+    """A holder's label, shown to operators: a string with no control character, that UTF-8 encodes."""
+    if label is None:
+        return None
+    if not isinstance(label, str):
         raise ValueError(f"{argument} must be a string or None; got {label!r}.")
-    return label
+    if _CONTROL.search(label):
+        raise ValueError(f"{argument} must not contain control characters; got {label!r}.")
+    return check_encodable(label, argument)
 
 
 def check_text(value: Any, argument: str) -> str:
+    """A string sent to the nodes as it is (``key_prefix``, a listing's ``match``)."""
     if not isinstance(value, str):
         raise ValueError(f"{argument} must be a string; got {value!r}.")
-    return value
+    return check_encodable(value, argument)
 
 
 def check_duration(value: Any, argument: str = "ttl") -> float:

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from django_redlock.core.base import ManagerConfig, locked_of
+from django_redlock.core.base import ManagerConfig, check_name, check_text, locked_of
 from django_redlock.core.records import (
     STATE_WORDS,
     Holder,
@@ -124,15 +124,13 @@ def read_listing(
 
 def read_record(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resource: str) -> Step:
     """One resource's record (None when no node holds its key), reading that key alone."""
-    if not isinstance(resource, str) or not resource:
-        raise ValueError(f"resource must be a non-empty string; got {resource!r}.")
-    listing = yield from _read(Scan(config, nodes, quorum, keys=[config.key(resource)]))
+    listing = yield from _read(Scan(config, nodes, quorum, keys=[config.key(check_name(resource))]))
     return listing.records[0] if listing.records else None
 
 
 def read_locked(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resource: str) -> Step:
     """``is_locked()``: each node's PTTL of the lock key, judged by :func:`~django_redlock.core.base.locked_of`."""
-    key = config.key(resource)
+    key = config.key(check_name(resource))
     replies = yield Fan([("PTTL", key)] * len(nodes), restart_window=config.restart_window)
     return locked_of(resource, nodes, replies, quorum)
 
@@ -216,6 +214,8 @@ class Scan:
             raise ValueError(f"order must be one of {', '.join(ORDERS)} (or one of them after '-'); got {order!r}.")
         if state is not None and state not in STATE_WORDS:
             raise ValueError(f"state must be one of {', '.join(STATE_WORDS)} (or None for all); got {state!r}.")
+        if match is not None:
+            check_text(match, "match")
         self.state = state
         self.order = ORDERS[name]
         self.by_resource = name == "resource"  # the order of the keys themselves: nothing to sort

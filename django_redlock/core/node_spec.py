@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
 from django_redlock.core import forks, ledger
+from django_redlock.core.records import printable
 
 __all__ = [
     "ENCODE_HINT",
@@ -500,7 +501,7 @@ def describe(exc: BaseException, node_timeout: float) -> str:
             return f"no reply within {_ms(node_timeout)}"
         return "connection failed"
     if isinstance(exc, ResponseError):
-        return "error reply: " + str(exc).split("\n")[0][:120]
+        return "error reply: " + printable(str(exc).split("\n")[0][:120])
     if isinstance(exc, OSError):
         return f"socket error ({exc.__class__.__name__})"
     return f"error ({exc.__class__.__name__})"

@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from django_redlock.core import clock
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.node_spec import NodeConfig, NodeSpec, config_from_spec, describe, parse_specs
-from django_redlock.core.resp import INCOMPLETE, pack
+from django_redlock.core.resp import INCOMPLETE, pack, pack_write
 from django_redlock.core.rounds import (
     IDLE_CHECK,
     MAX_PENDING,
@@ -330,7 +330,7 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
     else:
         rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
-    packed: dict[Command, bytes] = {}
+    packed = fan.packed  # every command of the round, encoded before any node was asked
     writing: tuple[Node, Wire] | None = None
     try:
         for i, node in enumerate(nodes):
@@ -340,13 +340,8 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
             conn, since, wire = got
             writing = (node, conn)
             error = None
+            data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
             try:
-                if len(wire) == 1:
-                    data = packed.get(wire[0])  # the same command usually goes to every node: encode it once
-                    if data is None:
-                        data = packed[wire[0]] = pack(wire[0])
-                else:
-                    data = b"".join(pack(c) for c in wire)
                 conn.send_packed_command(data)
             except (RedisError, OSError, ValueError) as exc:
                 error = node.redact(describe(exc, node.node_timeout))

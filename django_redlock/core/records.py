@@ -7,11 +7,52 @@ import json
 import json.scanner
 import math
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
+
+
+#: The most resources one lock may take at once (all or nothing).
+MAX_RESOURCES = 1000
+#: The first second no :class:`~datetime.datetime` can show (year 10000): a holder's ``acquired_at``
+#: is below it, at or after 0 (1970), or unknown.
+LAST_DATE = 253402300800.0
+#: Above any process id (Linux's limit is 2**22).
+PID_LIMIT = 2**63
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal, a log line or a listing may show it: each character that is not printable
+    (control characters, the ESC of terminal sequences, line breaks, bidirectional overrides, lone
+    surrogates) written as its Python escape (``\\n``, ``\\x1b``, ``\\u202e``). For text the
+    program did not write itself: resources and holders read from the nodes, what a node replies."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _text(value: Any) -> str | None:
+    """A string read from a stored value, as UTF-8 can write it (a lone surrogate, which JSON's
+    ``"\\ud800"`` makes, becomes U+FFFD); None for anything else."""
+    if type(value) is not str:
+        return None
+    return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _when(value: Any) -> float | None:
+    """A stored ``acquired_at``: a unix time a date can show, or None (damaged: NaN, 1e20, a huge integer)."""
+    kind = type(value)
+    if kind is float:
+        return value if 0.0 <= value < LAST_DATE else None  # NaN compares false
+    if kind is int:
+        return float(value) if 0 <= value < LAST_DATE else None
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,14 +129,16 @@ class Holder:
     def decode(cls, raw: bytes | str | None) -> Holder | None: ...
     @classmethod
     def decode(cls, raw: bytes | str | None) -> Holder | None:
-        """Parse a stored value; a foreign or damaged value becomes a bare token."""
+        """Parse a stored value; a foreign or damaged value becomes a bare token. Never raises: each field
+        is kept only when it is what :meth:`encode` writes (text UTF-8 encodes, a pid, a unix time a date
+        can show, a member count a lock may have), else it is left unknown."""
         if raw is None:
             return None
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         try:
             data = json.loads(text)
-        except ValueError:
-            return cls(text)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+            return cls(_text(text) or "")
         return cls._of(data, text)
 
     @classmethod
@@ -105,7 +148,7 @@ class Holder:
         for raw in raws:
             try:
                 data, end = _scan_json(raw, 0)  # what json.loads does, less its per-call overhead
-            except (StopIteration, ValueError):  # not JSON, or damaged: decode() says what it is
+            except (StopIteration, ValueError, RecursionError):  # not JSON, or damaged: decode() says what it is
                 data, end = None, -1
             out.append(cls._of(data, raw) if end == len(raw) else cls.decode(raw))
         return out
@@ -113,9 +156,9 @@ class Holder:
     @classmethod
     def _of(cls, data: Any, text: str) -> Holder:
         """The holder a parsed value describes; a bare token when it is not one of ours."""
-        token = data.get("t") if isinstance(data, dict) else None
-        if not isinstance(token, str):
-            return cls(text)
+        token = _text(data.get("t")) if type(data) is dict else None
+        if token is None:
+            return cls(_text(text) or "")
         pid = data.get("p")
         acquired = data.get("a")
         label = data.get("l")
@@ -125,17 +168,17 @@ class Holder:
         holder = _new(cls)
         holder.__dict__.update(
             token=token,
-            host=host if isinstance(host, str) else None,
-            pid=pid if isinstance(pid, int) else None,
-            label=label if isinstance(label, str) else None,
-            acquired_at=float(acquired) if isinstance(acquired, (int, float)) else None,
-            members=members if isinstance(members, int) and members > 1 else 1,
+            host=_text(host),
+            pid=pid if type(pid) is int and 0 <= pid < PID_LIMIT else None,
+            label=_text(label),
+            acquired_at=_when(acquired),
+            members=members if type(members) is int and 1 < members <= MAX_RESOURCES else 1,
         )
         return holder
 
     def __str__(self) -> str:
-        where = f"{self.host or '?'}:{self.pid if self.pid is not None else '?'}"
-        return f"{where} ({self.label})" if self.label else where
+        where = f"{printable(self.host or '?')}:{self.pid if self.pid is not None else '?'}"
+        return f"{where} ({printable(self.label)})" if self.label else where
 
 
 @dataclass(frozen=True)

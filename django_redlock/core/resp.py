@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redis.exceptions import RedisError
 
-__all__ = ["INCOMPLETE", "USUAL", "ReplyBuffer", "pack"]
+__all__ = ["INCOMPLETE", "USUAL", "ReplyBuffer", "pack", "pack_each", "pack_write"]
 
 _INCOMPLETE = object()
 
@@ -112,6 +112,44 @@ def pack(args: Sequence[Any]) -> bytes:
         data = value.encode() if type(value) is str else _arg(value)
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+def pack_each(commands: Sequence[Any]) -> dict[Any, bytes]:
+    """Each distinct command of a round encoded once (None: no command; a tuple of commands: one write).
+
+    What cannot be encoded (text UTF-8 cannot encode, a value of no Redis type) is the caller's error:
+    raised here, before any node is asked, as :class:`ValueError` or :class:`TypeError`.
+    """
+    packed: dict[Any, bytes] = {}
+    last = None
+    for command in commands:
+        if command is None or command is last:
+            continue
+        last = command
+        try:
+            if command not in packed:
+                packed[command] = b"".join(map(pack, command)) if type(command[0]) is tuple else pack(command)
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise ValueError(f"{_name(command)} cannot be sent to Redis: UTF-8 cannot encode {bad!r}.") from None
+        except TypeError as exc:
+            raise TypeError(f"{_name(command)} cannot be sent to Redis: {exc}.") from None
+    return packed
+
+
+def _name(command: Any) -> str:
+    return "a command" if type(command[0]) is tuple else repr(command[0])
+
+
+def pack_write(commands: Sequence[Any], packed: dict[Any, bytes]) -> bytes:
+    """The bytes of one write of ``commands``; a lone one is taken from (or added to) ``packed``: a round
+    usually sends the same command to every node."""
+    if len(commands) == 1:
+        data = packed.get(commands[0])
+        if data is None:
+            data = packed[commands[0]] = pack(commands[0])
+        return data
+    return b"".join(map(pack, commands))
 
 
 class ReplyBuffer:

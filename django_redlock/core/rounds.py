@@ -46,6 +46,7 @@ from django_redlock.core.books import (
     quiet_for,
 )
 from django_redlock.core.ledger import Entry, entry_for, pair_of
+from django_redlock.core.records import printable
 from django_redlock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
 
 __all__ = [
@@ -351,4 +352,5 @@ class Round(Generic[C]):
 
 
 def describe_error(exc: BaseException) -> str:
-    return "error reply: " + str(exc).split("\n")[0][:120]
+    """A node's error reply in a reason: its first line, shortened, with control characters escaped."""
+    return "error reply: " + printable(str(exc).split("\n")[0][:120])

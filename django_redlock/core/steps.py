@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_redlock.core import base
 from django_redlock.core.adoption import Adoption
+from django_redlock.core.resp import pack_each
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
 from django_redlock.exceptions import QuorumUnavailable
 
@@ -69,6 +70,7 @@ class Fan:
         "owe",
         "block",
         "timings",
+        "packed",
     )
 
     def __init__(
@@ -95,6 +97,9 @@ class Fan:
         self.owe = owe
         self.block = block
         self.timings = timings  # filled in with each node's round-trip time (None: no reply)
+        #: Each command encoded, before any node is asked: one that cannot be raises here, the
+        #: caller's error, never a node's (the drivers take the bytes from it).
+        self.packed = pack_each(commands)
 
     def options(self) -> dict[str, Any]:
         return {

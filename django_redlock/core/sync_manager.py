@@ -240,7 +240,7 @@ class LockManager(ManagerBase):
         """Acquire ``resource`` on a quorum and return the :class:`Lock`.
 
         :param resource: A name (up to 1024 characters, no control
-            characters), or a list of names to lock together, all or
+            characters, text UTF-8 encodes), or a list of names to lock together, all or
             nothing (sorted, each taken once, at most 1000): on each node
             one script call sets every member's key or none, and the lock
             holds them all with one validity, one extension, one release
@@ -259,8 +259,8 @@ class LockManager(ManagerBase):
             forever). The last vote is made at the deadline. A timeout
             with ``blocking=False`` raises :class:`ValueError`.
         :param label: Text stored with the holder for operators
-            (``redlock list``, the admin); default: the manager's
-            ``label``.
+            (``redlock list``, the admin), with no control characters,
+            that UTF-8 encodes; default: the manager's ``label``.
         :param reentrant: When this owner (thread, asyncio task, or call run by a pool) already holds
             a valid lock of this manager that covers every resource asked
             for, return that same :class:`Lock`, entered once more, without
@@ -277,7 +277,9 @@ class LockManager(ManagerBase):
         :raises ~django_redlock.exceptions.LockNotAcquired: when it gives
             up; :class:`~django_redlock.exceptions.QuorumUnavailable`, a
             subclass, when too few nodes answered.
-        :raises ValueError: for invalid arguments, before anything is sent.
+        :raises ValueError: for invalid arguments, before anything is sent:
+            :class:`~django_redlock.exceptions.InvalidResource` for a name
+            no lock may have (see :ref:`names-and-labels`).
 
         A non-blocking call on one resource votes with a plain ``SET NX
         PX`` and may take a lock that is free at that instant although

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.adapters.commands import keep_exit_code
 from django_redlock.adapters.options import node_wait, option_type, option_value
-from django_redlock.core.records import STATE_WORDS, same_everywhere, seconds
+from django_redlock.core.records import STATE_WORDS, printable, same_everywhere, seconds
 from django_redlock.exceptions import LockError, QuorumUnavailable
 from django_redlock.exit_codes import ExitCode
 
@@ -71,7 +71,9 @@ class Command(BaseCommand):
         else:
             self.stdout.write(self.listing_text(records))
         for name, why in listing.down.items():
-            self.stderr.write(self.style.WARNING(f"Node {name} did not answer ({why}); its keys are not listed."))
+            self.stderr.write(
+                self.style.WARNING(f"Node {name} did not answer ({printable(why)}); its keys are not listed.")
+            )
         if not listing.trustworthy:
             raise CommandError(
                 f"Only {listing.answered} of {listing.total} nodes answered, {listing.quorum} needed: whether "
@@ -86,8 +88,10 @@ class Command(BaseCommand):
             )
 
     def listing_text(self, records: Sequence[Any]) -> str:
-        """One line a lock under a header, as one string: thousands of small writes cost more than the lines."""
-        width = max(8, *(len(r.resource) for r in records))
+        """One line a lock under a header, as one string: thousands of small writes cost more than the lines.
+        Resources and holders were written by others: shown with their control characters escaped."""
+        names = [printable(r.resource) for r in records]
+        width = max(8, *map(len, names))
         words = max(len(w) for w in STATE_WORDS.values())
         states = {
             state: (self.style.SUCCESS if state == "held" else self.style.WARNING)(f"{word:<{words}}")
@@ -96,8 +100,8 @@ class Command(BaseCommand):
         lines = [f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"]
         row = f"%-{width}s  %s  %5s  %7.1fs  %7d  %s"  # one %-format a line: faster than an f-string's specs
         lines += [
-            row % (r.resource, states[r.state], f"{r.nodes_holding}/{r.total}", r.ttl, r.waiting, r.holder)
-            for r in records
+            row % (name, states[r.state], f"{r.nodes_holding}/{r.total}", r.ttl, r.waiting, r.holder)
+            for name, r in zip(names, records)
         ]
         return "\n".join(lines)
 
@@ -115,7 +119,9 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS(f"Released {resource!r} on {done.deleted} of {done.total} nodes."))
         for name, why in done.unreachable.items():
             self.stderr.write(
-                self.style.WARNING(f"Node {name} could not release it ({why}); a key there expires with its ttl.")
+                self.style.WARNING(
+                    f"Node {name} could not release it ({printable(why)}); a key there expires with its ttl."
+                )
             )
         if len(done.unreachable) >= manager.quorum:
             raise CommandError(
@@ -146,7 +152,7 @@ class Command(BaseCommand):
             for s in statuses:
                 self.stdout.write(self.status_line(s))
                 if s.warning:
-                    self.stdout.write(self.style.WARNING(f"{'':<28} {s.warning}"))
+                    self.stdout.write(self.style.WARNING(f"{'':<28} {printable(s.warning)}"))
             summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
             style = self.style.ERROR if len(voting) < quorum else self.style.WARNING
             self.stdout.write(self.style.SUCCESS(summary) if len(voting) == len(statuses) else style(summary))
@@ -162,8 +168,9 @@ class Command(BaseCommand):
             )
 
     def status_line(self, s: Any) -> str:
+        """One node's line; what the node told (role, version, run id, reasons) shown escaped."""
         if not s.reachable:
-            return f"{s.name:<28} {self.style.ERROR('DOWN')}  {s.error}"
+            return f"{s.name:<28} {self.style.ERROR('DOWN')}  {printable(str(s.error))}"
         latency = f"{s.latency * 1000:6.2f} ms" if s.latency is not None else "     ? ms"
         says_fsync = s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") is True
         if s.fsync_declared:
@@ -177,12 +184,13 @@ class Command(BaseCommand):
                 f"  {persistence}" if s.fsync_declared else ""
             )
         else:
+            role, version, run = (printable(str(v)) for v in (s.role or "?", s.version, (s.run_id or "?")[:12]))
             line = (
-                f"{s.name:<28} {self.style.SUCCESS('up')}    {s.role or '?':<7} {latency}  {s.server or 'redis'} {s.version}  "
-                f"up {s.uptime or 0:.0f}s  {persistence}  run {s.run_id[:12] if s.run_id else '?'}"
+                f"{s.name:<28} {self.style.SUCCESS('up')}    {role:<7} {latency}  {s.server or 'redis'} {version}  "
+                f"up {s.uptime or 0:.0f}s  {persistence}  run {run}"
             )
         if not s.votes:
-            line += self.style.WARNING(f"  does not vote: {s.not_voting_reason}")
+            line += self.style.WARNING(f"  does not vote: {printable(str(s.not_voting_reason))}")
         return line
 
 
@@ -302,7 +310,7 @@ def _scalar(value: Any) -> str:
         return "null"
     if kind is int or (kind is float and math.isfinite(value)):
         return repr(value)
-    return json.dumps(value)
+    return "null" if kind is float else json.dumps(value)  # NaN and Infinity are not JSON
 
 
 def status_json(status: Any) -> dict[str, Any]:
