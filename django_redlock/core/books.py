@@ -370,6 +370,8 @@ class NodeBooks(Generic[C]):
             # Send the script's source, once, in the same order (also when nobody waits any more).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
+            if kind == ledger.SET:  # the vote is in flight again: a release elsewhere may run before it
+                self.ledger.set_sent(entry.key, entry.value)  # type: ignore[arg-type]
             if entry.waiter is not None:
                 entry.waiter.replaced(entry, again, now)
             return again, entry.retry
