@@ -186,7 +186,9 @@ def test_a_vote_sent_again_after_noscript_stays_in_flight_for_a_release_on_anoth
     0 proves nothing, and the debt must stay until it is paid after the vote (else the key stays for its ttl)."""
     resources = ["r", "s"]  # a vote on several resources runs the ACQUIRE script (EVALSHA)
     with Proxy(servers[4].port) as proxy:
-        manager = LockManager(servers.urls[:4] + [proxy.url], ttl=30.0, retry_count=0, node_timeout=2.0,
+        # A long node timeout: the other thread's round must find the vote's connection with its reply due
+        # for less than a quarter of it (else it opens a new one), however slow the host.
+        manager = LockManager(servers.urls[:4] + [proxy.url], ttl=30.0, retry_count=0, node_timeout=4.0,
                               restart_window=0)
         node = manager.node_list[4]
         key = redis.Redis(port=servers[4].port)
@@ -207,18 +209,23 @@ def test_a_vote_sent_again_after_noscript_stays_in_flight_for_a_release_on_anoth
             other.start()  # its round takes the vote's connection (a reply in flight) and queues behind it
             proxy.wait_held(lambda held: b"PTTL" in held)
             assert not node.books.parked  # that connection is out, in the other thread's round
+            proxy.hold_replies()
             lock.release()  # on a new connection: runs on node 4 before the vote sent again (0)
+            proxy.wait_held(lambda held: held.startswith(b":0"), replies=True)
+            proxy.pass_replies()
             servers[3].resume()
             proxy.flush_requests()  # the vote lands now: node 4 holds the key
             other.join(10)
             assert not other.is_alive()
             assert key.get("redlock:lock:r") == lock.value.encode()
+            proxy.flush_replies()  # then the release's 0
 
             def gone():
                 manager.is_locked("y")  # the next commands to node 4 pay what is still owed
                 return key.get("redlock:lock:r") is None
 
-            eventually(gone, show=lambda: (key.pttl("redlock:lock:r"), list(node.books.ledger.debts)))
+            # Paid once a node timeout has passed since the release was written.
+            eventually(gone, seconds=15, show=lambda: (key.pttl("redlock:lock:r"), list(node.books.ledger.debts)))
         finally:
             for server in servers:
                 if server.paused:

@@ -13,15 +13,16 @@ while the other thread or task runs; nothing here waits on a sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import redis
 
 from django_redlock.core import AsyncLockManager, LockManager, clock, ledger
-from django_redlock.exceptions import LockLost
+from django_redlock.exceptions import LockError, LockLost
 from tests.conftest import eventually, eventually_async
 
-NODE_TIMEOUT = 0.05
+NODE_TIMEOUT = 0.2
 
 
 def _due(books, key):
@@ -66,7 +67,8 @@ def test_a_release_held_up_between_its_writes_is_not_raced_by_its_own_debt(serve
         holder.start()
         assert reached.wait(10)
         eventually(lambda: _due(node.books, key))
-        manager.is_locked("x")  # another thread of the worker writes to every node
+        with contextlib.suppress(LockError):  # its answer does not matter, its writes do
+            manager.is_locked("x")  # another thread of the worker writes to every node
         go.set()
         holder.join(10)
         assert not holder.is_alive()
@@ -122,7 +124,8 @@ async def test_an_async_release_held_up_in_its_connects_is_not_raced_by_its_own_
         killed.set()  # the holder releases: nodes 0 and 1 at once, nodes 2-4 once connected
         await asyncio.wait_for(reached.wait(), 10)
         await eventually_async(lambda: _due(manager.anodes[2].books, key))
-        await manager.is_locked("x")  # another task of the loop writes to every node
+        with contextlib.suppress(LockError):
+            await manager.is_locked("x")  # another task of the loop writes to every node
         go.set()
         await asyncio.wait_for(holder, 10)
         assert outcome == [None], outcome
