@@ -66,6 +66,8 @@ class Proxy:
     * :meth:`wait_held`: block until held client->server bytes satisfy a test.
     * :meth:`hold_requests_from` / :meth:`hold_replies_after`: start holding at a given command
       (the chunk that contains a pattern, or the replies sent after it was forwarded).
+    * :meth:`hold_connection_from`: hold the first client->server chunk containing a given
+      pattern, and every later byte of that connection (other connections go on).
     * :meth:`cut_after` / :meth:`heal`: a partition that starts right after a given
       command went through (everything later is lost, both ways) and its end.
     * ``reset_loses_held``: a reset of a client's connection loses the client->server
@@ -92,6 +94,7 @@ class Proxy:
         self.hold_requests_pattern: tuple[bytes, ...] = ()
         self.hold_replies_pattern: tuple[bytes, ...] = ()
         self.cut = False  # a partition: every byte, both ways, on every connection, is lost
+        self.hold_pattern: bytes | None = None
         #: A reset of the client's connection (closed with unread bytes, or sent bytes after it
         #: closed) loses the client->server bytes still on their way (held or delayed): a node's
         #: stack refuses what comes after the reset.
@@ -178,6 +181,12 @@ class Proxy:
                     if left <= 0:
                         raise AssertionError(f"{pipe}: the server did not answer the flushed commands")
                     self.cond.wait(left)
+
+    def hold_connection_from(self, pattern: bytes) -> None:
+        """Arm a hold: the first client->server chunk containing ``pattern`` and every later byte of
+        its connection are held (until :meth:`flush_requests`); other connections go on."""
+        with self.cond:
+            self.hold_pattern = pattern
 
     def hold_replies(self) -> None:
         with self.cond:
@@ -324,6 +333,8 @@ class Proxy:
                 if any(pattern in data for pattern in self.hold_requests_pattern):
                     self.holding_requests = True
                     self.hold_requests_pattern = ()
+                if self.hold_pattern is not None and self.hold_pattern in data:
+                    pipe.up_frozen, self.hold_pattern = True, None
                 if pipe.up_frozen or self.holding_requests:
                     pipe.up_frozen = True
                     pipe.up_held += data

@@ -170,9 +170,96 @@ def test_the_same_interleaving_replayed_on_the_core():
     books.read(voted, b"OK", 0.004)  # the vote ran after the release on the node...
     books.read(released, 0, 0.005)  # ...whose 0 is read last
     assert (key, value) in books.ledger.debts  # still owed: that 0 proves nothing
+    release.finish(0.006)  # the release round is over: its debt is due as any other
     ping = Round([books], [("PING",)], now=0.1, timeout=0.05)
     later = ConnState()
     sent = ping.write(0, later, 0.1)  # the next command written to the node pays it, after the vote
     assert [c[0] for c in sent] == ["EVAL", "PING"]
     books.read(later, 1, 0.101)
     assert not books.ledger.debts
+
+
+def test_a_vote_sent_again_after_noscript_stays_in_flight_for_a_release_on_another_connection(servers):
+    """Node 4 forgot its scripts (SCRIPT FLUSH): the vote's EVALSHA is answered NOSCRIPT and the vote goes
+    again as EVAL, which the network holds. Another thread's round takes that connection, so the release goes
+    on a new one, runs on node 4 before the vote and answers 0. The vote sent again is still in flight: that
+    0 proves nothing, and the debt must stay until it is paid after the vote (else the key stays for its ttl)."""
+    resources = ["r", "s"]  # a vote on several resources runs the ACQUIRE script (EVALSHA)
+    with Proxy(servers[4].port) as proxy:
+        # A long node timeout: the other thread's round must find the vote's connection with its reply due
+        # for less than a quarter of it (else it opens a new one), however slow the host.
+        manager = LockManager(servers.urls[:4] + [proxy.url], ttl=30.0, retry_count=0, node_timeout=4.0,
+                              restart_window=0)
+        node = manager.node_list[4]
+        key = redis.Redis(port=servers[4].port)
+        try:
+            manager.acquire(resources).release()  # node 4's connection has sent the scripts
+            key.script_flush()
+            servers[2].pause()  # nodes 2 and 3 answer nothing: the round needs node 4's reply,
+            servers[3].pause()  # so its NOSCRIPT is read while the round waits and the vote goes again
+            proxy.hold_connection_from(b"$4\r\nEVAL\r\n")
+            acquired = []
+            voter = threading.Thread(target=lambda: acquired.append(manager.acquire(resources)))
+            voter.start()
+            proxy.wait_held(lambda held: b"EVAL" in held)  # the vote sent again is held
+            servers[2].resume()  # its vote makes the quorum (nodes 0, 1, 2)
+            voter.join(10)
+            lock = acquired[0]
+            other = threading.Thread(target=manager.is_locked, args=("x",))
+            other.start()  # its round takes the vote's connection (a reply in flight) and queues behind it
+            proxy.wait_held(lambda held: b"PTTL" in held)
+            assert not node.books.parked  # that connection is out, in the other thread's round
+            proxy.hold_replies()
+            lock.release()  # on a new connection: runs on node 4 before the vote sent again (0)
+            proxy.wait_held(lambda held: held.startswith(b":0"), replies=True)
+            proxy.pass_replies()
+            servers[3].resume()
+            proxy.flush_requests()  # the vote lands now: node 4 holds the key
+            other.join(10)
+            assert not other.is_alive()
+            assert key.get("redlock:lock:r") == lock.value.encode()
+            proxy.flush_replies()  # then the release's 0
+
+            def gone():
+                manager.is_locked("y")  # the next commands to node 4 pay what is still owed
+                return key.get("redlock:lock:r") is None
+
+            # Paid once a node timeout has passed since the release was written.
+            eventually(gone, seconds=15, show=lambda: (key.pttl("redlock:lock:r"), list(node.books.ledger.debts)))
+        finally:
+            for server in servers:
+                if server.paused:
+                    server.resume()
+            manager.close()
+
+
+def test_the_noscript_interleaving_replayed_on_the_core():
+    """The NOSCRIPT case above on the core's books: while the vote sent again is unanswered, it counts as in
+    flight, so a release on another connection is not ordered after it and its 0 settles nothing."""
+    from redis.exceptions import NoScriptError
+
+    from django_redlock.core.scripts import ACQUIRE
+
+    books = NodeBooks("n", node_timeout=0.05)
+    config = ManagerConfig()
+    key, value = config.key("r"), "v1"
+    vote_command = ("EVALSHA", ACQUIRE.sha, 3, key, "q", "p", value, 30000, "once", "", 0, 0, "w")
+    vote = Round([books], [vote_command], now=0.0, timeout=0.05, script=ACQUIRE)
+    voted = ConnState()
+    voted.scripts.add(ACQUIRE.sha)  # it sent the script before: the vote goes as EVALSHA
+    assert vote.write(0, voted, 0.0)[0][0] == "EVALSHA"
+    vote.written(0, voted, None, 0.0)
+    _, resend = books.book(voted, NoScriptError("NOSCRIPT No matching script."), 0.001, vote)
+    assert resend is not None and resend[0] == "EVAL"  # the vote goes again: in flight
+    assert books.ledger.unanswered == {(key, value): 1}
+    for _, conn in vote.finish(0.002):
+        books.checkin(conn, vote.sent_at, 0.002)
+    assert books.choose(None, True, 0.003)[:2] == (PARKED, voted)  # another round queues behind it
+    fan = steps.release_fan(config, 1, ["r"], value, quorum=1)
+    release = Round([books], fan.commands, now=0.004, timeout=0.05, **fan.options())
+    released = ConnState()
+    release.write(0, released, 0.004)  # on a new connection
+    books.read(released, 0, 0.005)  # ran on the node before the vote sent again
+    assert (key, value) in books.ledger.debts  # that 0 proves nothing
+    books.read(voted, b"OK", 0.006)
+    assert not books.ledger.unanswered

@@ -273,10 +273,12 @@ class NodeBooks(Generic[C]):
 
     # -- writing and reading -------------------------------------------------------
 
-    def owe(self, key: str, value: str, ttl: float, now: float, debt: Command) -> None:
-        """A release of ``value`` is about to be written: owe it (as ``debt``, see
+    def owe(
+        self, key: str, value: str, ttl: float, now: float, debt: Command, owing: ledger.Owing | None = None
+    ) -> None:
+        """A release of ``value`` is about to be written (by the round ``owing``): owe it (as ``debt``, see
         :func:`~django_redlock.core.ledger.debt_command`) until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, debt)
+        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, debt, owing)
 
     def prepare(
         self, conn: C, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None
@@ -330,6 +332,8 @@ class NodeBooks(Generic[C]):
         elif taken:
             self.checkin(conn, now, now)
         if waiter is not None:
+            if entry.kind == ledger.RELEASE:
+                reply = self.ledger.released(entry, reply)
             waiter.take(entry, reply, now)
         return taken, resend
 
@@ -370,6 +374,8 @@ class NodeBooks(Generic[C]):
             # Send the script's source, once, in the same order (also when nobody waits any more).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
+            if kind == ledger.SET:  # the vote is in flight again: a release elsewhere may run before it
+                self.ledger.set_sent(entry.key, entry.value)  # type: ignore[arg-type]
             if entry.waiter is not None:
                 entry.waiter.replaced(entry, again, now)
             return again, entry.retry

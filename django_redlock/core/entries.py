@@ -37,6 +37,7 @@ __all__ = [
     "Entry",
     "Kind",
     "Ledger",
+    "Owing",
     "Waiter",
     "after_noscript",
     "debt_command",
@@ -152,10 +153,22 @@ def after_noscript(entry: Entry) -> Entry:
     return again
 
 
-class Debt:
-    __slots__ = ("key", "value", "until", "paid_at", "command")
+class Owing:
+    """The release round that owes a debt, while it runs (``over`` once it finished): until then the
+    debt is its own business, never paid by another write (it would race the round's own release)."""
 
-    def __init__(self, key: str, value: str, until: float, paid_at: float, command: tuple[Any, ...]) -> None:
+    __slots__ = ("over",)
+
+    def __init__(self) -> None:
+        self.over = False
+
+
+class Debt:
+    __slots__ = ("key", "value", "until", "paid_at", "command", "owing", "deleted")
+
+    def __init__(
+        self, key: str, value: str, until: float, paid_at: float, command: tuple[Any, ...], owing: Owing | None = None
+    ) -> None:
         self.key = key
         self.value = value
         #: The release to send (as EVAL: no NOSCRIPT to handle).
@@ -164,6 +177,20 @@ class Debt:
         self.until = until
         #: When a release for it was last written (not again while that one is in flight).
         self.paid_at = paid_at
+        #: The round that owes it, while that round may still write or wait for its own release here.
+        self.owing = owing
+        #: A payment deleted the key while its round ran: that round's own 0 here counts as deleted.
+        self.deleted = False
+
+    def held(self) -> bool:
+        """True while the round that owes it runs (its own release is written, or about to be)."""
+        owing = self.owing
+        if owing is None:
+            return False
+        if owing.over:
+            self.owing = None
+            return False
+        return True
 
 
 class Ledger:
@@ -200,8 +227,11 @@ class Ledger:
         else:
             self.unanswered.pop(pair, None)
 
-    def owe(self, key: str, value: str, until: float, now: float, command: tuple[Any, ...]) -> None:
-        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now.
+    def owe(
+        self, key: str, value: str, until: float, now: float, command: tuple[Any, ...], owing: Owing | None = None
+    ) -> None:
+        """Record that a release of ``value`` (``command``, an EVAL) is owed: it is being written now, by
+        the round ``owing`` (no other write pays it while that round runs).
 
         Debts are kept oldest first. Those whose keys have surely expired go
         now, not only when a command is next written to the node (a node that
@@ -215,11 +245,12 @@ class Ledger:
                 if oldest.until > now and len(debts) < self.max_debts:
                     break
                 del debts[(oldest.key, oldest.value)]
-            debts[(key, value)] = Debt(key, value, until, now, command)
+            debts[(key, value)] = Debt(key, value, until, now, command, owing)
             self.next_due = min(self.next_due, now + self.retry_after) if len(self.debts) > 1 else now + self.retry_after
         else:
             debt.until = max(debt.until, until)
             debt.paid_at = now
+            debt.owing = owing
 
     def ordered(self, expect: Sequence[Entry], key: str | None, value: str | None) -> bool:
         """Whether a release of ``value`` written now behind ``expect`` (its connection's unanswered
@@ -233,15 +264,28 @@ class Ledger:
         """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
         pair = (entry.key, entry.value)
         debt = self.debts.get(pair)  # type: ignore[arg-type]
-        if debt is None:
+        if debt is None or debt.deleted:
             return
-        if reply == 1 or (
+        if reply == 1 and entry.waiter is None and debt.held():
+            # A payment (written before its round began) deleted the key while the round runs: kept
+            # until the round is over, so that the round's own 0 here is not taken for a loss.
+            debt.deleted = True
+        elif reply == 1 or (
             reply == 0
             and entry.proves
             and pair not in self.unanswered
             and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
         ):
             del self.debts[pair]  # type: ignore[arg-type]
+
+    def released(self, entry: Entry, reply: Any) -> Any:
+        """A release's reply as its round counts it: a 0 where a release of ours already deleted the
+        value (see :meth:`settle`) is a 1."""
+        if reply == 0:
+            debt = self.debts.get((entry.key, entry.value))  # type: ignore[arg-type]
+            if debt is not None and debt.deleted:
+                return 1
+        return reply
 
     def dropped(self, entries: Sequence[Entry], until: float) -> None:
         """A connection was dropped with these entries unanswered: their bytes may still arrive."""
@@ -264,8 +308,10 @@ class Ledger:
                     del self.lost_sets[pair]
         out: list[Debt] = []
         for pair, debt in list(self.debts.items()):
-            if debt.until <= now:
+            if debt.until <= now or (debt.deleted and not debt.held()):
                 del self.debts[pair]
+            elif debt.held():
+                continue  # its own round still runs: it writes the release here itself
             elif now - debt.paid_at >= retry_after and len(out) < DEBTS_PER_WRITE:
                 debt.paid_at = now
                 out.append(debt)

@@ -155,7 +155,10 @@ class Round(Generic[C]):
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
+        #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.ledger.Owing`).
+        self.owing: ledger.Owing | None = None
         if owe is not None:
+            self.owing = ledger.Owing()
             key, value, ttl = owe
             debts: dict[int, Command] = {}  # the same command usually goes to every node
             for book, command in zip(books, commands):
@@ -163,7 +166,7 @@ class Round(Generic[C]):
                     debt = debts.get(id(command))
                     if debt is None:
                         debt = debts[id(command)] = ledger.debt_command(command, RELEASE.source)
-                    book.owe(key, value, ttl, now, debt)
+                    book.owe(key, value, ttl, now, debt, self.owing)
 
     def open(self, i: int, now: float, usable: Usable[C]) -> Opened[C] | None:
         """Node ``i``'s connection for this round, chosen and its commands booked: ``(conn, parked
@@ -336,6 +339,8 @@ class Round(Generic[C]):
 
     def finish(self, now: float) -> list[tuple[int, C]]:
         """Stop waiting. Returns the (node index, connection) pairs whose reply is still due."""
+        if self.owing is not None:
+            self.owing.over = True  # its debts are due again, as any
         if not self.waiting:
             return []
         late = now - self.sent_at >= min((b.node_timeout for b in self.books), default=0.0)

@@ -103,3 +103,25 @@ def test_past_max_debts_the_oldest_goes_and_expired_ones_go_first() -> None:
     books.owe(KEY, "late", until=100.0, now=61.0, command=COMMAND)  # v1..v3 have surely expired
     assert [value for _, value in books.debts] == ["late"]
     assert ledger.MAX_DEBTS == Ledger().max_debts
+
+
+def test_a_debt_is_not_paid_while_the_round_that_owes_it_runs() -> None:
+    books = Ledger()
+    owing = ledger.Owing()
+    books.owe(KEY, VALUE, until=5.0, now=0.0, command=COMMAND, owing=owing)
+    assert books.due(2.0, retry_after=1.0) == []  # its round is held up before this node: its own release comes
+    owing.over = True
+    assert [d.command for d in books.due(2.0, retry_after=1.0)] == [COMMAND]
+
+
+def test_a_payment_that_deleted_the_key_while_its_round_runs_makes_the_rounds_0_a_deletion() -> None:
+    books = Ledger()
+    owing = ledger.Owing()
+    books.owe(KEY, VALUE, until=5.0, now=0.0, command=COMMAND, owing=owing)
+    books.settle(release(), 1, now=0.1)  # a payment written before the round began
+    own = Entry(RELEASE, KEY, VALUE, waiter=object())  # type: ignore[arg-type]
+    books.settle(own, 0, now=0.2)
+    assert books.released(own, 0) == 1  # deleted by our own release: not a loss
+    assert books.released(release("v2"), 0) == 0
+    owing.over = True
+    assert books.due(0.3, retry_after=1.0) == [] and not books.debts  # nothing left to pay

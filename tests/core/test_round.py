@@ -203,6 +203,8 @@ def test_a_release_debt_rides_along_with_the_next_command() -> None:
     release.wait_time(0.0)
     books.broken(driver.conns[0], "connection lost", 0.01)  # its reply is lost
     assert (KEY, VALUE) in books.ledger.debts
+    assert release.wait_time(0.01) is None
+    release.finish(0.01)  # the round is over: its debt is due as any other
     ping: Round[FakeConn] = Round(driver.books, [("PING",)], now=0.1, timeout=0.05)
     assert ping.open(0, 0.1, lambda conn, idle_for: True) == NEW
     conn = driver.connect_and_send(ping, 0, 0.1)

@@ -15,7 +15,7 @@ from typing import Any
 from django_redlock.core import steps
 from django_redlock.core.lock import LockBase
 from django_redlock.core.scripts import RELEASE
-from django_redlock.exceptions import LockError
+from django_redlock.exceptions import LockError, LockLost
 
 from .client import SimClient, vote_of
 from .invariants import Violation
@@ -515,6 +515,47 @@ def member_force_released_under_a_lock(seed: int) -> Sim:
     return sim
 
 
+def release_held_up_between_its_writes(seed: int) -> Sim:
+    """Two callers of one process running the real LockManager (threads of a web worker): the holder's
+    release writes to nodes 0 and 1 and is held up before node 2 (the GIL, a busy CPU) for three node
+    timeouts; meanwhile the other caller writes to every node. Its writes must not carry the holder's
+    release debt ahead of the holder's own release: the lock, held alone, must not be reported lost."""
+    from greenlet import getcurrent
+
+    from django_redlock.core import ledger
+
+    from .sim_manager import SimProcess
+
+    sim = build(seed, ttl=TTL, net=QUIET, share=0.0)
+    p = SimProcess(sim, "p", ttl=TTL)
+    world = sim.world
+    holder: list[Any] = []
+
+    def stall(proc: Any, rnd: Any, i: int) -> float:
+        if proc is p.proc and i == 2 and rnd.kind == ledger.RELEASE and holder == [getcurrent()]:
+            holder.append("held up")
+            proc.after_local(2 * p.node_timeout, p.spawn, p.manager.is_locked, "x")  # the other caller
+            return 3 * p.node_timeout
+        return 0.0
+
+    def hold() -> None:
+        holder.append(getcurrent())
+        caller, due = p._begin("r", None), False  # the checker hears of it as of any caller's hold
+        try:
+            with p.manager.lock("r") as lock:
+                p._entered_hold(caller, lock, False)
+                p.sleep(0.1)
+                due = p._leaving(lock)
+        except LockLost as exc:  # the checker heard of it through the manager's "lost" hook (m)
+            p._exited(caller, lock, due, exc)
+
+    sim.stall = stall
+    world.at(START, p.spawn, hold)
+    world.run_until(START + 1)
+    assert "held up" in holder, "the holder's release never reached node 2"
+    return sim
+
+
 #: case name -> (function, the mutants it is built to catch)
 CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
@@ -549,6 +590,9 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
         fencing_a_lock_on_several_resources, ("fencing token from the first member's counter",),
     ),
     "member force-released under a lock": (member_force_released_under_a_lock, ("extend checks the first member",)),
+    "release held up between its writes": (
+        release_held_up_between_its_writes, ("release debt paid while its round runs",),
+    ),
 }
 
 

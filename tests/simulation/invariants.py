@@ -44,6 +44,12 @@ holding of every member. Each promise below holds per member:
     reports the loss at its exit (``LockLost``);
 (l) no extension after release: a process never writes an extension of a
     value after it wrote that value's release.
+(m) no false loss at release: a release that reports its lock lost ("at
+    release N of M nodes no longer stored this holder's value") is honest: when
+    the release began, fewer than a quorum of nodes kept the value until the
+    report (every member, its key not expiring before then, the node neither
+    crashed nor replaced since). Only the holder's own process could have
+    deleted it otherwise (a release debt racing its own round).
 
 With ``fair=True`` (runs without faults), two more:
 
@@ -242,6 +248,8 @@ class Checker:
     wakes_excused: int = 0
 
     def __post_init__(self) -> None:
+        #: value -> (true time its release began, [(node, true time its key expires, run id)]): for (m).
+        self.releasing: dict[bytes, tuple[float, list[tuple[SimNode, float, str]]]] = {}
         if self.quorum is None:
             self.quorum = len(self.nodes) // 2 + 1
         self._gone_pending = 0
@@ -327,9 +335,40 @@ class Checker:
 
     def released(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None = None) -> None:
         """The client's release returned (its lock ends now, whatever the nodes said)."""
+        self._keepers_at_release(members(resource), _b(value))
         self._ended(client, resource, value, ttl, "RELEASED")
         if self.fair:
             self._expect_wake(members(resource))
+
+    def loss_at_release(self, client: Process, resource: str | Iterable[str], value: Any) -> None:
+        """The client's release judged its lock lost from the nodes' replies (m)."""
+        began = self.releasing.pop(_b(value), None)
+        if began is None:
+            return
+        since, keepers = began
+        now = self.world.now
+        kept = [node.name for node, until, run_id in keepers
+                if node.up and node.run_id == run_id and until > now + self.slack]
+        assert self.quorum is not None
+        if len(kept) >= self.quorum:
+            self._fail(f"(m) no false loss: {client.name}'s release of {name_of(members(resource))!r} (begun "
+                       f"t={since:.6f}) reported the lock lost, but {', '.join(kept)} stored its value then, with a "
+                       f"ttl past now, and none of them restarted since: only the holder's own process can "
+                       f"have deleted it")
+
+    def _keepers_at_release(self, resources: tuple[str, ...], value: bytes) -> None:
+        """Note, as a release begins, the nodes that keep ``value`` on every member, until when (true
+        time) and under which run id: for (m)."""
+        now = self.world.now
+        keepers = []
+        for node in self.nodes:
+            found = [node.peek(self.key_of(r)) for r in resources]
+            if all(f is not None and f[0] == value for f in found):
+                until = min(math.inf if f[1] is None else now + f[1] for f in found if f is not None)
+                keepers.append((node, until, node.run_id))
+        if len(self.releasing) >= 4 * RECENT:
+            del self.releasing[next(iter(self.releasing))]  # the oldest: reported long ago, or never
+        self.releasing[value] = (now, keepers)
 
     def gave_up(self, client: Process, resource: str | Iterable[str], value: Any, ttl: float | None = None) -> None:
         """The client abandoned ``value`` (a failed attempt, or a lock it lost)."""

@@ -70,6 +70,7 @@ def simulate(
     managers: int = 1,
     callers: int = 2,
     async_managers: int = 0,
+    stalls: float = 0.0,
 ) -> Outcome:
     """Run one seeded simulation; a broken invariant is returned in ``violation`` (with the trace).
 
@@ -77,6 +78,8 @@ def simulate(
     Besides the ``clients`` driving the core's steps, ``managers`` processes run the real
     ``LockManager`` with ``callers`` greenlets each (:mod:`.sim_manager`), and ``async_managers``
     processes the real ``AsyncLockManager`` with ``callers`` asyncio tasks each (:mod:`.sim_async`).
+    With ``stalls``, each round is held up before each node's write with that chance (up to four node
+    timeouts: a thread descheduled between two writes) while the process's other callers go on.
     """
     kwargs: dict[str, Any] = {}
     if share is not None:
@@ -84,6 +87,11 @@ def simulate(
     sim = build(seed, nodes=nodes, ttl=ttl, fsync_always=fsync_always, deny_info=deny_info,
                 net=net, chooser=chooser, flaky_info=flaky_info, **kwargs)
     world = sim.world
+    if stalls:
+        def stall(proc: Any, rnd: Any, i: int) -> float:
+            return world.uniform(0.0, 4 * node_timeout, "stall") if world.chance(stalls, "stalled") else 0.0
+
+        sim.stall = stall
     skew = WALL_SKEW if wall_skew is None else wall_skew
     procs = [
         SimClient(sim, f"c{i}", ttl=ttl, restart_window=restart_window, node_timeout=node_timeout,
@@ -231,13 +239,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes running the real LockManager (two callers each)")
     parser.add_argument("--async-managers", type=int, default=0,
                         help="processes running the real AsyncLockManager (two tasks each)")
+    parser.add_argument("--stalls", type=float, default=0.0,
+                        help="chance that a round is held up before each node's write (a descheduled thread)")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.monotonic()
     totals = Outcome(-1)
     for seed in seeds:
         outcome = simulate(seed, seconds=args.seconds, faults=default_faults(), clients=args.clients,
-                           managers=args.managers, async_managers=args.async_managers)
+                           managers=args.managers, async_managers=args.async_managers, stalls=args.stalls)
         totals.acquired += outcome.acquired
         totals.several += outcome.several
         totals.failed += outcome.failed
@@ -246,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if outcome.violation:
             print(f"VIOLATION with seed {seed}:\n{outcome.violation}")
             print(f"replay: python -m tests.simulation.run --seed {seed} --seconds {args.seconds} "
-                  f"--clients {args.clients} --managers {args.managers} --async-managers {args.async_managers}")
+                  f"--clients {args.clients} --managers {args.managers} --async-managers {args.async_managers} "
+                  f"--stalls {args.stalls}")
             return 1
     took = time.monotonic() - started
     n = len(seeds)

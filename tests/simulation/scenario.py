@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from django_redlock.core import ledger
 
@@ -34,6 +34,10 @@ class Sim:
     drift: float
     share: float
     clients: list[Process] = field(default_factory=list)
+    #: ``stall(process, round, i)``: how long (the process's seconds) a round is held up before it writes
+    #: to node ``i`` (0.0: not at all): a thread descheduled between two writes (the GIL, a busy CPU)
+    #: while the process's other callers go on.
+    stall: Callable[[Process, Any, int], float] | None = None
 
     def client(self, name: str) -> Process:
         """A client process with its own drifting clock."""

@@ -71,6 +71,8 @@ class _Report(Hooks):
 
     def lost(self, lock: LockBase, reason: str) -> None:
         p = self.process
+        if reason.startswith("at release"):  # (m): judged from the replies of its release round
+            p._checked(p.sim.checker.loss_at_release, p.proc, lock.resources, lock.value)
         # (i): without max_hold, nothing but a loss or the release may end the automatic extensions.
         if lock.value in p.kept_alive and reason.startswith("it was no longer extended"):
             p._checked(p.sim.checker.stopped_extending, p.proc, lock.resources, reason)

@@ -96,7 +96,18 @@ class _SimRound:
                                timeout=fan.timeout or client.node_timeout, **fan.options())
         rnd.on_reply = self.check
         self.connecting: dict[int, SimConn] = {}
-        for i in range(client.total):
+        self.opened = False  # every node opened (a stall may hold the round up before one)
+        self.open_from(0)
+
+    def open_from(self, first: int) -> None:
+        """Open nodes ``first``.. in turn, unless the world holds the round up before one of them."""
+        client, rnd, proc = self.client, self.rnd, self.client.proc
+        now = proc.now()
+        stall = client.sim.stall
+        for i in range(first, client.total):
+            if stall is not None and i > first and (hold := stall(proc, rnd, i)) > 0:
+                proc.after_local(hold, self.open_from, i)
+                return
             if client.books[i].parked:
                 client.give_up_stale(i, now)
             opened = rnd.open(i, now, client.usable)
@@ -107,6 +118,7 @@ class _SimRound:
                 proc.after_local(client.node_timeout, self.connect_timeout, i, conn)
             elif opened is not None:
                 self.send(i, *opened)
+        self.opened = True
         if not self.connecting:
             self.check()
 
@@ -130,7 +142,7 @@ class _SimRound:
             self.check()
 
     def check(self) -> None:
-        if self.finished or self.connecting:
+        if self.finished or self.connecting or not self.opened:
             return
         proc = self.client.proc
         wait = self.rnd.wait_time(proc.now())
