@@ -84,6 +84,12 @@ def failover_unnoticed() -> Any:
     return _patch(ledger, "moved", lambda before, now, heard=None: False)
 
 
+def data_set_unchecked() -> Any:
+    """Votes carry no data-set token: a node whose data set was replaced behind open connections (a resync,
+    a flush) votes on them as before; only a new connection's probe could notice."""
+    return _patch(rounds.NodeBooks, "guarded", lambda self, command: command)
+
+
 @contextmanager
 def probe_booked_at_the_fanout_start() -> Iterator[None]:
     """A probe's replies are learned with the time the client's latest fan-out started (the clock read
@@ -410,6 +416,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "reentrancy keyed on the thread (asyncio)": (reentrancy_keyed_on_the_thread, ASYNC_CALLERS),
     "loss at the hold's exit swallowed (asyncio)": (loss_swallowed, ASYNC_CALLERS),
     "keep-alive task extends after the release": (watchdog_ignores_the_release, ASYNC_CALLERS),
+    # Needs a node's data set replaced under open connections while a lock is held (a scripted case;
+    # random resyncs would meet first contacts, which no client can judge).
+    "data set unchecked": (data_set_unchecked, {}),
 }
 
 
