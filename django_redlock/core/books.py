@@ -172,6 +172,7 @@ class NodeBooks(Generic[C]):
         #: with (None: not yet); see :meth:`guarded`.
         self.dataset_key: str | None = None
         self.dataset: str | None = None
+        self.dataset_run = ""  # the run id of the server the token was read from ("": unknown)
 
     # -- choosing a connection ----------------------------------------------------
 
@@ -370,7 +371,7 @@ class NodeBooks(Generic[C]):
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
         elif kind == MARK:
-            self._learn_dataset(ledger.token_of(reply), now)
+            self._learn_dataset(conn, ledger.token_of(reply), now)
         elif kind == ledger.PART:
             conn.parts.append(reply)
         elif kind == ledger.WAKE:
@@ -425,19 +426,22 @@ class NodeBooks(Generic[C]):
         next vote counts)."""
         token = ledger.replaced_token(reply)
         if token is not None:
-            self._learn_dataset(token, now)
+            self._learn_dataset(conn, token, now)
         elif str(reply).startswith("READONLY"):
             conn.restart = None
 
-    def _learn_dataset(self, token: str | None, now: float) -> None:
-        """Note the token a probe or a refused vote read; another one than before means the data
-        set was replaced under this node's address: it sits out as after a failover."""
+    def _learn_dataset(self, conn: C, token: str | None, now: float) -> None:
+        """Note the token a probe or a refused vote read on ``conn``; another one than before, from the
+        same server (a restart is judged by the restart rule), means the data set was replaced under
+        this node's address: it sits out as after a failover."""
         if token is None:
             return
-        if self.dataset is not None and token != self.dataset:
+        run = conn.restart.run_id if conn.restart is not None else ""
+        restarted = bool(run and self.dataset_run and run != self.dataset_run)
+        if self.dataset is not None and token != self.dataset and not restarted:
             self.history.replaced(now)
             logger.warning("Node %s: %s.", self.name, ledger.REPLACED_DATASET)
-        self.dataset = token
+        self.dataset, self.dataset_run = token, run or self.dataset_run
 
     def vote(self, conn: C, window: float, now: float) -> Failure | None:
         """A failure for a vote that must not count under the delayed-restart rule, else None."""

@@ -21,7 +21,7 @@ from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
 from .redis_model import SimNode
-from .run import Outcome, contend, default_faults, simulate
+from .run import Outcome, contend, default_faults, resync_faults, simulate
 
 __all__ = ["MUTANTS", "hunt"]
 
@@ -416,9 +416,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "reentrancy keyed on the thread (asyncio)": (reentrancy_keyed_on_the_thread, ASYNC_CALLERS),
     "loss at the hold's exit swallowed (asyncio)": (loss_swallowed, ASYNC_CALLERS),
     "keep-alive task extends after the release": (watchdog_ignores_the_release, ASYNC_CALLERS),
-    # Needs a node's data set replaced under open connections while a lock is held (a scripted case;
-    # random resyncs would meet first contacts, which no client can judge).
-    "data set unchecked": (data_set_unchecked, {}),
+    # Needs a node's data set replaced under open connections while a lock is held: resyncs among the
+    # faults, no respawned clients (their first contact with a resynced node could not tell).
+    "data set unchecked": (data_set_unchecked, {"faults": resync_faults}),
 }
 
 
@@ -436,7 +436,8 @@ def hunt(name: str, *, seeds: int = 200, budget: float = 30.0, first: int = 0) -
                 outcome = scenario(seed, **options)
             else:
                 # Only the mutants of the manager, its locks, holds and watchdog need its processes.
-                outcome = simulate(seed, faults=default_faults(), **{"managers": 0, **options})
+                faults = options.get("faults", default_faults)()
+                outcome = simulate(seed, **{"managers": 0, **options, "faults": faults})
             if outcome.violation:
                 return outcome, time.monotonic() - started, ran
             if time.monotonic() - started > budget:
