@@ -1,7 +1,8 @@
 """The simulator's Redis model (tests/simulation/redis_model.py ``SimNode``) answers as a real redis-server.
 
 A seeded generator writes sequences of the commands the engine sends (SET NX PX, the VOTE, ACQUIRE,
-RELEASE, EXTEND, FENCE_READ, FENCE_RAISE, INSPECT, LIST and DATASET scripts, DEL, PTTL, GET) over a few resources, values, places
+RELEASE, EXTEND, FENCE_READ, FENCE_RAISE, INSPECT, LIST and DATASET scripts, DEL, PTTL, GET) over a
+few resources, values, places
 in line and ttls, with pauses that let short keys and places expire. Each command runs on a real
 server (read with the engine's own RESP reader) and on the model, whose clock follows the real
 time, and every reply is compared. The suite runs a few sequences; set ``REDLOCK_LUA_MODEL_SEEDS``

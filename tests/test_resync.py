@@ -28,7 +28,8 @@ SOURCE = ("--repl-diskless-sync-delay", "0")  # the full sync starts at once
 @pytest.fixture
 def world():
     """X, Y, Z (the nodes) and W (the resync source), each a fresh redis-server."""
-    started = [RedisServer(extra_args=FSYNC + SOURCE).start() for _ in range(3)] + [RedisServer(extra_args=SOURCE).start()]
+    started = [RedisServer(extra_args=FSYNC + SOURCE).start() for _ in range(3)]
+    started.append(RedisServer(extra_args=SOURCE).start())
     proxies: list[Proxy] = []
     yield started, proxies
     for proxy in proxies:

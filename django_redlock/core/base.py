@@ -17,7 +17,17 @@ from django_redlock.core import config, forks, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
 from django_redlock.core.rounds import Failure, Granted
 from django_redlock.core.records import ForcedRelease
-from django_redlock.core.scripts import ACQUIRE, EXTEND, HELD, INSPECT, NO_PLACE, NOT_FIRST, VOTE, Script, script_command
+from django_redlock.core.scripts import (
+    ACQUIRE,
+    EXTEND,
+    HELD,
+    INSPECT,
+    NO_PLACE,
+    NOT_FIRST,
+    VOTE,
+    Script,
+    script_command,
+)
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:

@@ -414,8 +414,8 @@ class NodeBooks(Generic[C]):
     # -- the data set a vote counts on ---------------------------------------------------
 
     def guarded(self, command: Command) -> Command:
-        """A command of a ``scripts.GUARDED`` script (its last ARGV the data-set token, ``""``) with the token this
-        node's data set was last seen with: the vote counts only on that data set (see
+        """A command of a ``scripts.GUARDED`` script (its last ARGV the data-set token, ``""``) with
+        the token this node's data set was last seen with: it counts only on that data set (see
         ``scripts._GUARD``). Notes the marker key, for the probes of new connections."""
         self.dataset_key = command[-2]
         return command if self.dataset is None else (*command[:-1], self.dataset)

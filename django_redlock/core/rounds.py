@@ -293,8 +293,10 @@ class Round(Generic[C]):
             self.results[i] = reply
         elif isinstance(reply, Exception) and not several:
             # A vote refused for another data set than the one it was sent for: the node sits out.
-            refusal = self.window > 0 and ledger.replaced_token(reply) is not None and book.vote(conn, self.window, now)
-            self.results[i] = refusal or Failure(describe_error(reply), answered=True)
+            replaced = self.window > 0 and ledger.replaced_token(reply) is not None
+            self.results[i] = (replaced and book.vote(conn, self.window, now)) or Failure(
+                describe_error(reply), answered=True
+            )
         else:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at

@@ -28,10 +28,10 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
-# The data set a vote counts on (see docs/safety.rst, "Data replaced behind a connection"). Each node
-# keeps a marker key ("<prefix>dataset") whose token names its data set; whatever replaces the data
-# set (a full sync as a replica, FLUSHALL, FLUSHDB, SWAPDB, a reload from another file) takes the
-# marker away or brings another one. A vote script starts with _GUARD: its last two ARGV, taken off
+# The data set a vote counts on (see docs/safety.rst, "Data replaced behind open connections"). Each
+# node keeps a marker key ("<prefix>dataset") whose token names its data set; whatever replaces the
+# data set (a full sync as a replica, FLUSHALL, FLUSHDB, SWAPDB, a reload of another server's dump)
+# takes the marker away or brings another one. A vote script starts with _GUARD: its last two ARGV, taken off
 # before the rest of the script reads ARGV, are the marker key and the token the caller knows this
 # node's data set by ('': none known yet, no check). Another token, or none, refuses the vote with
 # the error "DATASET <token>" (a missing marker is created first), atomically with the vote.

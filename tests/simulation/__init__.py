@@ -44,8 +44,9 @@ puts a world together in one call.
 Not modelled
 ------------
 Replication streams and clusters (a failover is one fault: a replica that lagged
-promoted behind a node's address; a resync is another: the data set replaced at once); partial writes (a write is one message,
-a node runs a write's commands back to back); byte-level RESP framing (the
+promoted behind a node's address; a resync is another: the data set replaced at
+once); partial writes (a write is one message, a node runs a write's commands back
+to back); byte-level RESP framing (the
 client sends command tuples; :func:`.redis_model.parse_commands` splits packed
 bytes if a driver has them); TCP keepalive and OS-level timeouts (the client's
 own timers decide when to give up); wall-clock jumps (all clocks are
