@@ -1,7 +1,8 @@
 """The simulator's Redis model (tests/simulation/redis_model.py ``SimNode``) answers as a real redis-server.
 
-A seeded generator writes sequences of the commands the engine sends (SET NX PX, the ACQUIRE, RELEASE,
-EXTEND, FENCE_RAISE, INSPECT and LIST scripts, DEL, PTTL, GET) over a few resources, values, places
+A seeded generator writes sequences of the commands the engine sends (SET NX PX, the VOTE, ACQUIRE,
+RELEASE, EXTEND, FENCE_READ, FENCE_RAISE, INSPECT, LIST and DATASET scripts, DEL, PTTL, GET) over a
+few resources, values, places
 in line and ttls, with pauses that let short keys and places expire. Each command runs on a real
 server (read with the engine's own RESP reader) and on the model, whose clock follows the real
 time, and every reply is compared. The suite runs a few sequences; set ``REDLOCK_LUA_MODEL_SEEDS``
@@ -22,7 +23,7 @@ import pytest
 from django_redlock.core.base import ManagerConfig, extend_command
 from django_redlock.core.resp import INCOMPLETE, ReplyBuffer, pack
 from django_redlock.core import scripts
-from django_redlock.core.scripts import ACQUIRE, FENCE_RAISE, LIST, script_command
+from django_redlock.core.scripts import ACQUIRE, DATASET, FENCE_RAISE, FENCE_READ, LIST, VOTE, script_command
 from tests.simulation import SimNode, World, redis_model
 
 CONFIG = ManagerConfig()
@@ -38,6 +39,8 @@ SCRIPTS = {s.sha: s for s in vars(scripts).values() if isinstance(s, scripts.Scr
 #: LIST is compared once the model implements it.
 MODELLED_LIST = LIST.sha in redis_model._SCRIPTS
 SEEDS = int(os.environ.get("REDLOCK_LUA_MODEL_SEEDS", "3"))
+#: The tokens a data-set marker is created with from each value.
+TOKENS = tuple(redis_model.dataset_token(v.encode()).decode() for v in VALUES)
 
 
 class Real:
@@ -77,15 +80,21 @@ def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
             value = recent[resources[0]]
         ttl, life = rng.choice((SHORT, LONG)), rng.choice((SHORT, LONG))
         kind = rng.choice(("set", "acquire", "acquire", "acquire", "release", "release", "extend", "fence",
-                           "inspect", "list", "del", "pttl", "get", "line"))
-        if kind in ("set", "acquire"):
+                           "inspect", "list", "del", "pttl", "get", "line", "vote", "dataset"))
+        # The data-set check: no token, one a marker may hold (see redis_model.dataset_token), or a stale one.
+        guard = (CONFIG.dataset_key, rng.choice(("", "stale", *TOKENS)))
+        if kind in ("set", "acquire", "vote"):
             recent.update(dict.fromkeys(resources, value))
         if kind == "set":
             yield ("SET", locks[0], value, "NX", "PX", ttl)
+        elif kind == "vote":
+            yield script_command(VOTE, locks[:1], (value, ttl, *guard))
+        elif kind == "dataset":
+            yield rng.choice((script_command(DATASET, (CONFIG.dataset_key,), (value,)), ("DEL", CONFIG.dataset_key)))
         elif kind == "acquire":
             mode = rng.choice(("once", "join", "wait"))
             wake = [CONFIG.wake_prefix(r) + place for r in resources]
-            args = (value, ttl, mode, place, rng.randint(1, 4), life, *wake)
+            args = (value, ttl, mode, place, rng.randint(1, 4), life, *wake, *guard)
             yield script_command(ACQUIRE, CONFIG.script_keys(resources), args)
         elif kind == "release":
             keep = rng.choice((None, None, (rng.randint(1, 4), life)))
@@ -93,7 +102,11 @@ def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
         elif kind == "extend":
             yield extend_command(locks, value, ttl / 1000)
         elif kind == "fence":
-            yield script_command(FENCE_RAISE, [CONFIG.fence_key(r) for r in resources], (rng.randint(1, 9),))
+            fences = [CONFIG.fence_key(r) for r in resources]
+            if rng.random() < 0.5:
+                yield script_command(FENCE_RAISE, fences, (rng.randint(1, 9), *guard))
+            else:
+                yield script_command(FENCE_READ, fences, guard)
         elif kind == "inspect":
             yield CONFIG.inspect_command(locks)
         elif kind == "list" and MODELLED_LIST:

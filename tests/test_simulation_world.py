@@ -43,7 +43,7 @@ def release_args(value, place="", resource="r"):
 
 def acquire_args(value, mode, place, ticket, ttl_ms=1000, life_ms=1500, resource="r"):
     return (3, *CONFIG.line_keys(resource), value, ttl_ms, mode, place, ticket, life_ms,
-            CONFIG.wake_prefix(resource) + place)
+            CONFIG.wake_prefix(resource) + place, CONFIG.dataset_key, "")
 
 
 # -- a toy Redlock client (NOT the engine) -------------------------------------------
@@ -337,8 +337,8 @@ def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 1
     assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 0
     assert isinstance(n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")), ResponseError)  # 3 keys expected
-    assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 5)) == 5
-    assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 3)) == 5
+    assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 5, CONFIG.dataset_key, "")) == 5
+    assert n.execute(("EVAL", FENCE_RAISE.source, 1, "redlock:fence:r", 3, CONFIG.dataset_key, "")) == 5
     assert n.execute(("GET", "redlock:fence:r")) == b"5"
     n.execute(("SET", KEY, "v", "PX", 1000))
     inspect = ("EVAL", INSPECT.source, 2, KEY, "redlock:lock:gone", "redlock:lock:", "redlock:places:")

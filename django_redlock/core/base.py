@@ -17,7 +17,17 @@ from django_redlock.core import config, forks, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
 from django_redlock.core.rounds import Failure, Granted
 from django_redlock.core.records import ForcedRelease
-from django_redlock.core.scripts import ACQUIRE, EXTEND, HELD, INSPECT, NO_PLACE, NOT_FIRST, Script, script_command
+from django_redlock.core.scripts import (
+    ACQUIRE,
+    EXTEND,
+    HELD,
+    INSPECT,
+    NO_PLACE,
+    NOT_FIRST,
+    VOTE,
+    Script,
+    script_command,
+)
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -284,7 +294,7 @@ class Attempts:
     A blocking call takes a place in every node's waiting line, ordered by a
     ticket it picks once (its wall-clock start), and waits for a wake-up
     between votes; a vote is granted only to the first in line. A
-    non-blocking call never takes a place; it votes with a plain ``SET NX PX``.
+    non-blocking call never takes a place; it votes with ``SET NX PX`` (see :meth:`vote`).
     Used by :func:`django_redlock.core.steps.acquire`; every time is passed in.
     """
 
@@ -357,19 +367,27 @@ class Attempts:
     @property
     def script(self) -> Script | None:
         """The script the votes run (None: a plain ``SET``)."""
-        return None if self.mode == "once" and len(self.keys) == 1 else ACQUIRE
+        if self.mode == "once" and len(self.keys) == 1:
+            return VOTE if self.window > 0 else None
+        return ACQUIRE
 
     def vote(self) -> tuple[Any, ...]:
-        """This attempt's vote (the same for every node).
+        """This attempt's vote (the same for every node; each node's books fill in the token of the
+        data set it may count on, see :meth:`~django_redlock.core.books.NodeBooks.guarded`).
 
-        A call on one resource that does not wait votes with a plain ``SET NX
-        PX``: it takes a free lock and never touches the line. The others run
-        ACQUIRE (several resources are set all or nothing on each node).
+        A call on one resource that does not wait votes with VOTE (``SET NX PX``
+        behind the data-set check; a plain ``SET`` with the restart rule off): it
+        takes a free lock and never touches the line. The others run ACQUIRE
+        (several resources are set all or nothing on each node).
         """
-        if self.script is None:
+        script = self.script
+        if script is None:
             return set_command(self.key, self.value, self.ttl)
+        guard = (self.config.dataset_key, "")
+        if script is VOTE:
+            return script_command(VOTE, (self.key,), (self.value, ms(self.ttl), *guard))
         self.life = life = ms(self.slice + PLACE_MARGIN)
-        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake)
+        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake, *guard)
         return script_command(ACQUIRE, self.line, args)
 
     def ttl_command(self) -> tuple[tuple[Any, ...], Script | None]:
@@ -436,7 +454,7 @@ class Attempts:
     def unsure(self) -> list[bool]:
         """Per node: may this attempt's value be set there (granted, or no definite answer)?
 
-        A refusal is definite: nil from ``SET NX``, an integer from ACQUIRE.
+        A refusal is definite: nil from ``SET NX`` (or VOTE), an integer from ACQUIRE.
         """
         return [not (r is None or type(r) is int) for r in self.results]
 

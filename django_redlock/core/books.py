@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from django_redlock.core import ledger
+from django_redlock.core.entries import MARK
 from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, Waiter
+from django_redlock.core.scripts import DATASET
 
 __all__ = [
     "COOL_OFF",
@@ -166,6 +168,11 @@ class NodeBooks(Generic[C]):
         self.denied_warned = False
         self.replication_warned = False
         self.fsync_warned = False
+        #: The marker key of the data-set check and the token this node's data set was last seen
+        #: with (None: not yet); see :meth:`guarded`.
+        self.dataset_key: str | None = None
+        self.dataset: str | None = None
+        self.dataset_run = ""  # the run id of the server the token was read from ("": unknown)
 
     # -- choosing a connection ----------------------------------------------------
 
@@ -296,6 +303,10 @@ class NodeBooks(Generic[C]):
             extra.extend(PROBE)
             conn.probing = True
             expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+            if self.dataset_key is not None and mine.value is not None:
+                seed = f"{mine.value}@{self.name}"  # one vote probes every node: the name tells them apart
+                extra.append(("EVAL", DATASET.source, 1, self.dataset_key, seed))
+                expect.append(Entry(MARK))
         if block is not None:
             # TIME on each side of the BLPOP: the vote behind it runs no earlier than the second.
             wakes, seconds = block
@@ -363,10 +374,14 @@ class NodeBooks(Generic[C]):
             conn.stamps.append(reply)
         elif kind == ledger.PROBE_REPLY:
             self._learn(conn, reply, now)
+        elif kind == MARK:
+            self._learn_dataset(conn, ledger.token_of(reply), now)
         elif kind == ledger.PART:
             conn.parts.append(reply)
         elif kind == ledger.WAKE:
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
+        if isinstance(reply, Exception) and kind in (ledger.SET, ledger.OTHER):
+            self._refused(conn, reply, now)
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
             if entry.waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
@@ -401,6 +416,38 @@ class NodeBooks(Generic[C]):
         if self.fsync_always and restart.reports_fsync is False and not self.fsync_warned:
             self.fsync_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NOT_FSYNCING)
+
+    # -- the data set a vote counts on ---------------------------------------------------
+
+    def guarded(self, command: Command) -> Command:
+        """A command of a ``scripts.GUARDED`` script (its last ARGV the data-set token, ``""``) with
+        the token this node's data set was last seen with: it counts only on that data set (see
+        ``scripts._GUARD``). Notes the marker key, for the probes of new connections."""
+        self.dataset_key = command[-2]
+        return command if self.dataset is None else (*command[:-1], self.dataset)
+
+    def _refused(self, conn: C, reply: Exception, now: float) -> None:
+        """A vote (or a fencing read or write) answered with an error: another data set (learn it),
+        or a replica's READONLY (the node changed role: probe this connection again before its
+        next vote counts)."""
+        token = ledger.replaced_token(reply)
+        if token is not None:
+            self._learn_dataset(conn, token, now)
+        elif str(reply).startswith("READONLY"):
+            conn.restart = None
+
+    def _learn_dataset(self, conn: C, token: str | None, now: float) -> None:
+        """Note the token a probe or a refused vote read on ``conn``; another one than before, from the
+        same server (a restart is judged by the restart rule), means the data set was replaced under
+        this node's address: it sits out as after a failover."""
+        if token is None:
+            return
+        run = conn.restart.run_id if conn.restart is not None else ""
+        restarted = bool(run and self.dataset_run and run != self.dataset_run)
+        if self.dataset is not None and token != self.dataset and not restarted:
+            self.history.replaced(now)
+            logger.warning("Node %s: %s.", self.name, ledger.REPLACED_DATASET)
+        self.dataset, self.dataset_run = token, run or self.dataset_run
 
     def vote(self, conn: C, window: float, now: float) -> Failure | None:
         """A failure for a vote that must not count under the delayed-restart rule, else None."""

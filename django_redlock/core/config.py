@@ -346,6 +346,11 @@ class ManagerConfig:
     def key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"
 
+    @property
+    def dataset_key(self) -> str:
+        """The marker key whose token names each node's data set (see ``scripts.DATASET``)."""
+        return f"{self.key_prefix}dataset"
+
     def line_keys(self, resource: str) -> tuple[str, str, str]:
         """The lock key, the waiting line's order and its places."""
         prefix = self.key_prefix

@@ -24,6 +24,7 @@ __all__ = [
     "DEBTS_PER_WRITE",
     "EXTEND",
     "LATE_WORTH_RUNNING",
+    "MARK",
     "MAX_DEBTS",
     "MINE",
     "OTHER",
@@ -57,10 +58,12 @@ class Kind(IntEnum):
     EXTEND = 5  # the extension script
     STAMP = 6  # TIME on each side of a wait in line: how long the vote behind them waited, on the node's clock
     PART = 7  # a reply of several commands sent as one (see Round.write) before the last: kept for the round
+    MARK = 8  # the token of the node's data set, read with the restart probe (see scripts.DATASET)
 
 
 OTHER, SET, RELEASE, PROBE_REPLY = Kind.OTHER, Kind.SET, Kind.RELEASE, Kind.PROBE_REPLY
 WAKE, EXTEND, STAMP, PART = Kind.WAKE, Kind.EXTEND, Kind.STAMP, Kind.PART
+MARK = Kind.MARK
 
 #: Kinds worth running after their round has ended: a late release or extension only acts while
 #: its value still holds the key (a late vote could leave a key nobody holds).

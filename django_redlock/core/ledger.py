@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django_redlock.core import forks
+from django_redlock.core.scripts import REPLACED
 from django_redlock.core.entries import (
     DEBTS_PER_WRITE,
     EXTEND,
@@ -57,6 +58,7 @@ __all__ = [
     "PART",
     "PROBE",
     "PROBE_REPLY",
+    "REPLACED_DATASET",
     "RELEASE",
     "SET",
     "STAMP",
@@ -79,7 +81,9 @@ __all__ = [
     "pair_of",
     "parse_info",
     "probe_info",
+    "replaced_token",
     "sure_uptime",
+    "token_of",
     "vote_refusal",
     "Waiter",
 ]
@@ -243,6 +247,12 @@ class History:
                 self.last = restart
             return failover
 
+    def replaced(self, now: float) -> None:
+        """The data set at this address was replaced behind open connections (see
+        :func:`replaced_token`): noticed at ``now``, it sits out as after a failover."""
+        with self._mutex:
+            self.moved_at = max(self.moved_at or now, now)
+
 
 class _Histories:
     """Every :class:`History` of this process, by server address."""
@@ -333,8 +343,34 @@ def sits_out(age: float, left: float) -> str:
 
 
 def failed_over(since: float, left: float) -> str:
-    """How a node that sits out after a failover is described everywhere."""
+    """How a node that sits out after a failover or a replaced data set is described everywhere."""
     return (
-        f"another server answers at its address since {since:.0f} s ago (a failover: a promoted replica "
-        f"may lack the last locks written); sits out for {math.ceil(left)} s more {DELAYED_RESTART}"
+        f"another server answers at its address, or its data set was replaced, since {since:.0f} s ago "
+        f"(a failover, a full resync, a flush: it may lack the last locks written); sits out for "
+        f"{math.ceil(left)} s more {DELAYED_RESTART}"
     )
+
+
+# -- the data set a vote counts on ------------------------------------------------------
+
+REPLACED_DATASET = (
+    "its data set was replaced behind open connections (a full resync as a replica, FLUSHALL, FLUSHDB, "
+    "SWAPDB or a reload: its marker token changed); it may lack locks that are still valid"
+)
+
+
+def replaced_token(reply: Any) -> str | None:
+    """The token a vote's refusal by ``scripts._GUARD`` names (another data set than the one the vote
+    was sent for), else None."""
+    if isinstance(reply, Exception):
+        head, _, token = str(reply).partition(" ")
+        if head == REPLACED and token:
+            return token
+    return None
+
+
+def token_of(reply: Any) -> str | None:
+    """The data-set token in a reply to ``scripts.DATASET`` (None: an error, e.g. on a replica)."""
+    if isinstance(reply, bytes):
+        return reply.decode("ascii", "replace")
+    return reply if isinstance(reply, str) else None

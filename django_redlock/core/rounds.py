@@ -47,7 +47,7 @@ from django_redlock.core.books import (
 )
 from django_redlock.core.ledger import Entry, entry_for, pair_of
 from django_redlock.core.records import printable
-from django_redlock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
+from django_redlock.core.scripts import ACQUIRE, EXTEND, GUARDED, RELEASE, VOTE, Script
 
 __all__ = [
     "COOL_OFF",
@@ -134,7 +134,7 @@ class Round(Generic[C]):
             self.kind = ledger.RELEASE
         elif script is EXTEND:
             self.kind = ledger.EXTEND
-        elif script is ACQUIRE or (first is not None and first[0] == "SET"):
+        elif script is ACQUIRE or script is VOTE or (first is not None and first[0] == "SET"):
             self.kind = ledger.SET  # a vote
         else:
             self.kind = ledger.OTHER
@@ -211,6 +211,8 @@ class Round(Generic[C]):
             return self._write_several(i, conn, command, now)
         script = self.script
         retry = None
+        if script in GUARDED and self.window > 0:
+            command = self.books[i].guarded(command)
         if script is not None and command[0] == "EVALSHA":
             retry = self._sources.get(command)
             if retry is None:
@@ -294,7 +296,11 @@ class Round(Generic[C]):
         if isinstance(reply, Failure):
             self.results[i] = reply
         elif isinstance(reply, Exception) and not several:
-            self.results[i] = Failure(describe_error(reply), answered=True)
+            # A vote refused for another data set than the one it was sent for: the node sits out.
+            replaced = self.window > 0 and ledger.replaced_token(reply) is not None
+            self.results[i] = (replaced and book.vote(conn, self.window, now)) or Failure(
+                describe_error(reply), answered=True
+            )
         else:
             if self.timings is not None:
                 self.timings[i] = now - self.sent_at

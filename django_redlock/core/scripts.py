@@ -28,6 +28,54 @@ def script_command(script: Script, keys: Sequence[str], args: Sequence[Any]) -> 
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
+# The data set a vote counts on (see docs/safety.rst, "Data replaced behind open connections"). Each
+# node keeps a marker key ("<prefix>dataset") whose token names its data set; whatever replaces the
+# data set (a full sync as a replica, FLUSHALL, FLUSHDB, SWAPDB, a reload of another server's dump)
+# takes the marker away or brings another one. A vote script starts with _GUARD: its last two ARGV, taken off
+# before the rest of the script reads ARGV, are the marker key and the token the caller knows this
+# node's data set by ('': none known yet, no check). Another token, or none, refuses the vote with
+# the error "DATASET <token>" (a missing marker is created first), atomically with the vote.
+# A new token: from a seed unique to the node and the moment (a probe's holder value and node name; a
+# vote's holder value and the node's previous token), never the same on two nodes.
+_NEW_TOKEN = "string.sub(redis.sha1hex({seed}), 1, 16)"
+
+#: The error a vote refused by _GUARD begins with; the data set's token follows.
+REPLACED = "DATASET"
+
+_GUARD = f"""
+local mark, known = ARGV[#ARGV - 1], ARGV[#ARGV]
+ARGV[#ARGV] = nil
+ARGV[#ARGV] = nil
+if known ~= '' then
+    local found = redis.call('get', mark)
+    if found ~= known then
+        if not found then
+            found = {_NEW_TOKEN.format(seed="(ARGV[1] or '') .. known")}
+            redis.call('set', mark, found)
+        end
+        return redis.error_reply('{REPLACED} ' .. found)
+    end
+end
+"""
+
+# KEYS[1] the marker key; ARGV[1] a seed unique to this node and probe. Reply the token of this
+# node's data set, created if there is none. Sent with the restart probe of each new connection.
+DATASET = Script(
+    "dataset",
+    f"""
+local found = redis.call('get', KEYS[1])
+if not found then
+    found = {_NEW_TOKEN.format(seed="ARGV[1]")}
+    redis.call('set', KEYS[1], found)
+end
+return found
+""",
+)
+
+# A vote on one resource that does not wait: SET NX PX behind _GUARD.
+# KEYS[1] lock key; ARGV[1] holder value, ARGV[2] ttl ms, then _GUARD's two. Replies +OK or nil.
+VOTE = Script("vote", _GUARD + "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])\n")
+
 # The waiting line of a resource, on each node (see docs/safety.rst, "Waiting in line"):
 #   queue  (zset) place -> ticket: the order, the same on every node (the waiter picks its ticket once);
 #   places (zset) place -> expiry in node milliseconds: a place not refreshed in time is forgotten;
@@ -69,18 +117,20 @@ NOT_FIRST = -2
 
 # KEYS in threes (see above).
 # ARGV[1] holder value, ARGV[2] ttl ms, ARGV[3] mode, ARGV[4] place, ARGV[5] ticket,
-# ARGV[6] place lifetime ms, ARGV[7], ARGV[8], ... the place's wake list of each resource.
+# ARGV[6] place lifetime ms, ARGV[7], ARGV[8], ... the place's wake list of each resource,
+# then _GUARD's two (taken off first).
 # SET every lock key to the value with PX ttl, only if none is set and the caller is first
 # in every line it is in:
 #   "once": no place; refused while anyone waits (the engine's non-blocking calls on one
-#            resource send a plain SET NX PX instead);
+#            resource send VOTE instead);
 #   "join": take (or refresh) a place at ARGV[5] in every line (not needed when all are free
 #           and nobody waits), then vote;
 #   "wait": sent right behind a BLPOP on the wake lists; votes only if the place is still in every line.
 # Replies +OK (granted: the place leaves this node's lines) or HELD / NO_PLACE / NOT_FIRST.
 ACQUIRE = Script(
     "acquire",
-    _LINE
+    _GUARD
+    + _LINE
     + """
 local mode, place = ARGV[3], ARGV[4]
 local lines, line, held = {}, false, false
@@ -202,11 +252,16 @@ return 1
 """,
 )
 
-# KEYS the fencing counter keys (one per resource); ARGV[1] the token chosen by the holder.
-# Raise each counter to ARGV[1] unless it is already higher; reply the lowest counter.
+# KEYS the fencing counter keys (one per resource); ARGV _GUARD's two. Each counter (nil: none),
+# from the data set the caller knows (a replaced one may have lost the highest).
+FENCE_READ = Script("fence_read", _GUARD + "return redis.call('mget', unpack(KEYS))\n")
+
+# KEYS the fencing counter keys (one per resource); ARGV[1] the token chosen by the holder, then
+# _GUARD's two. Raise each counter to ARGV[1] unless it is already higher; reply the lowest counter.
 FENCE_RAISE = Script(
     "fence_raise",
-    """
+    _GUARD
+    + """
 local wanted = tonumber(ARGV[1])
 local lowest
 for i = 1, #KEYS do
@@ -321,3 +376,7 @@ end
 return {cursor, n, table.concat(names, '\\0'), table.concat(values, '\\0'), table.concat(ttls, '\\0')}
 """,
 )
+
+
+#: The scripts whose last two ARGV are _GUARD's: each node's books fill in its data-set token.
+GUARDED = frozenset((VOTE, ACQUIRE, FENCE_READ, FENCE_RAISE))

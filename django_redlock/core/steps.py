@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django_redlock.core import base
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.resp import pack_each
-from django_redlock.core.scripts import EXTEND, FENCE_RAISE, INSPECT, RELEASE, Script, script_command
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, FENCE_READ, INSPECT, RELEASE, Script, script_command
 from django_redlock.exceptions import QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -318,13 +318,15 @@ def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -
         raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
     fence_keys = [config.fence_key(resource) for resource in lock.resources]
     window = config.restart_window
+    guard = (config.dataset_key, "")  # a node whose data set was replaced (its counters with it) does not count
     reads = yield Fan(
-        [("MGET", *fence_keys)] * total,
+        [script_command(FENCE_READ, fence_keys, guard)] * total,
         done=base.until_outcome(quorum, total, lambda r: True),
+        script=FENCE_READ,
         restart_window=window,
     )
     token = base.next_fence(reads, quorum, lock.resource, (yield WALL))
-    command = script_command(FENCE_RAISE, fence_keys, (token,))
+    command = script_command(FENCE_RAISE, fence_keys, (token, *guard))
     writes = yield Fan(
         [command] * total,
         done=base.until_outcome(quorum, total, lambda r: isinstance(r, int) and r >= token),

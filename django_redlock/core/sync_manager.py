@@ -281,7 +281,7 @@ class LockManager(ManagerBase):
             :class:`~django_redlock.exceptions.InvalidResource` for a name
             no lock may have (see :ref:`names-and-labels`).
 
-        A non-blocking call on one resource votes with a plain ``SET NX
+        A non-blocking call on one resource votes with ``SET NX
         PX`` and may take a lock that is free at that instant although
         others wait in line; on several resources it runs the line's
         script and is refused while anyone waits in a member's line. While

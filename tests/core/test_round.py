@@ -17,7 +17,9 @@ from django_redlock.core import ledger, steps
 from django_redlock.core.base import ManagerConfig
 from django_redlock.core.books import COOL_OFF, NEW, PARKED, ConnState, Failure, NodeBooks
 from django_redlock.core.rounds import Round
+from django_redlock.core import scripts
 from django_redlock.core.scripts import RELEASE
+from redis.exceptions import ResponseError
 
 KEY, VALUE = "redlock:lock:r", "v1"
 VOTE = ("SET", KEY, VALUE, "NX", "PX", 30000)
@@ -282,3 +284,75 @@ def test_stale_and_lagging_parked_connections() -> None:
     assert books.give_up_stale(0.5) == []  # overdue, but not beyond the stale limit
     assert books.give_up_stale(books.stale_limit + 0.1) == [conn]
     assert not books.parked and not conn.expect
+
+
+# -- the data set a vote counts on ----------------------------------------------------------
+
+GUARDED_VOTE = steps.script_command(scripts.VOTE, (KEY,), (VALUE, 30000, "redlock:dataset", ""))
+
+
+def _probe_replies(run_id: str, uptime: int = 3600) -> list[Any]:
+    info = f"# Server\r\nrun_id:{run_id}\r\nuptime_in_seconds:{uptime}\r\n".encode()
+    return [info, b"# Replication\r\nrole:master\r\nmaster_replid:r1\r\n", [b"appendonly", b"no"],
+            [b"appendfsync", b"everysec"]]
+
+
+def _first_vote(token: bytes, run_id: str = "abc") -> tuple[FakeDriver, Round[FakeConn]]:
+    """A vote on a new connection: the probe and the marker read go first; the marker says ``token``."""
+    driver, rnd = start(1, [GUARDED_VOTE], restart_window=30.0, script=scripts.VOTE)
+    for reply in (*_probe_replies(run_id), token):
+        assert not driver.reply(0, reply, 0.001, rnd)
+    assert driver.reply(0, OK, 0.002, rnd) and rnd.results == [OK]
+    return driver, rnd
+
+
+def _vote_again(driver: FakeDriver, now: float) -> tuple[Round[FakeConn], tuple[Any, ...]]:
+    rnd: Round[FakeConn] = Round(driver.books, [GUARDED_VOTE], now=now, timeout=0.05, restart_window=30.0,
+                                 script=scripts.VOTE)
+    opened = rnd.open(0, now, lambda conn, idle_for: True)
+    assert opened != NEW and opened is not None
+    driver.send(rnd, 0, opened[0], opened[1], opened[2], now)
+    return rnd, opened[2][-1]
+
+
+def test_a_vote_carries_the_token_of_the_data_set_the_probe_read() -> None:
+    driver, _ = _first_vote(b"t1")
+    sent = [c[0] for c in driver.conns[0].sent]
+    assert sent == [*(c[0] for c in ledger.PROBE), "EVAL", "EVAL"]  # the marker read, then the vote
+    assert driver.conns[0].sent[-1][-1] == ""  # nothing known yet: the first vote is unchecked
+    _, command = _vote_again(driver, 0.01)
+    assert command[-2:] == ("redlock:dataset", "t1")
+
+
+def test_a_vote_refused_for_another_data_set_makes_the_node_sit_out() -> None:
+    driver, _ = _first_vote(b"t1")
+    rnd, _ = _vote_again(driver, 0.01)
+    driver.reply(0, ResponseError("DATASET t2"), 0.011, rnd)
+    assert isinstance(rnd.results[0], Failure) and ledger.DELAYED_RESTART in str(rnd.results[0])
+    assert driver.books[0].dataset == "t2" and driver.books[0].history.moved_at == 0.011
+    _, command = _vote_again(driver, 0.02)
+    assert command[-1] == "t2"  # the next vote counts on the new data set, once the window is over
+
+
+def test_a_new_marker_after_a_restart_is_left_to_the_restart_rule() -> None:
+    driver, _ = _first_vote(b"t1", run_id="abc")
+    books = driver.books[0]
+    books.close_all(5.0)  # the restart closed the connection
+    rnd: Round[FakeConn] = Round(driver.books, [GUARDED_VOTE], now=10.0, timeout=0.05, restart_window=30.0,
+                                 script=scripts.VOTE)
+    assert rnd.open(0, 10.0, lambda conn, idle_for: True) == NEW
+    driver.connect_and_send(rnd, 0, 10.0)
+    for reply in (*_probe_replies("def", uptime=0), b"t9"):  # started long after its last answer: a restart
+        driver.reply(0, reply, 10.001, rnd)
+    assert books.dataset == "t9" and books.history.moved_at is None  # not a replaced data set
+    driver.reply(0, OK, 10.002, rnd)
+    assert isinstance(rnd.results[0], Failure) and "restarted" in str(rnd.results[0])  # the uptime rule
+
+
+def test_a_readonly_reply_to_a_vote_makes_the_connection_probe_again() -> None:
+    driver, _ = _first_vote(b"t1")
+    rnd, _ = _vote_again(driver, 0.01)
+    driver.reply(0, ResponseError("READONLY You can't write against a read only replica."), 0.011, rnd)
+    assert driver.conns[0].restart is None
+    again, _ = _vote_again(driver, 0.02)
+    assert [c[0] for c in driver.conns[0].sent[-6:]] == [*(c[0] for c in ledger.PROBE), "EVAL", "EVALSHA"]

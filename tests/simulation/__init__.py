@@ -28,10 +28,12 @@ Independent Redis masters with the commands and Lua scripts the engine uses
 (:mod:`.redis_model`): SET NX PX, GET, MGET, PTTL, PEXPIRE, DEL, PING, TIME, the
 sorted-set and list commands of the waiting line, BLPOP that blocks its
 connection until a push or its timeout (noticed at the next server tick),
-EVAL/EVALSHA with a per-boot script cache (ACQUIRE, RELEASE, EXTEND,
-FENCE_RAISE, INSPECT done in Python, as their Lua does), INFO (uptime, run id;
+EVAL/EVALSHA with a per-boot script cache (VOTE, ACQUIRE, RELEASE, EXTEND,
+FENCE_READ, FENCE_RAISE, INSPECT, DATASET done in Python, as their Lua does, the
+data-set check of the vote and fencing scripts included), INFO (uptime, run id;
 or denied), CONFIG GET for persistence, SCAN. Crashes that lose data unless
-fsync-always, restarts, SIGSTOP pauses that buffer input and freeze timeouts. TCP connections (:mod:`.network`) with
+fsync-always, restarts, SIGSTOP pauses that buffer input and freeze timeouts, a
+full resync that replaces a node's data set under open connections. TCP connections (:mod:`.network`) with
 per-connection FIFO, random and late delays, connection resets where bytes
 already sent may still land, refused connections, silent peers after power
 loss, partitions that hold bytes, client GC pauses and client deaths (a new
@@ -42,8 +44,9 @@ puts a world together in one call.
 Not modelled
 ------------
 Replication streams and clusters (a failover is one fault: a replica that lagged
-promoted behind a node's address); partial writes (a write is one message,
-a node runs a write's commands back to back); byte-level RESP framing (the
+promoted behind a node's address; a resync is another: the data set replaced at
+once); partial writes (a write is one message, a node runs a write's commands back
+to back); byte-level RESP framing (the
 client sends command tuples; :func:`.redis_model.parse_commands` splits packed
 bytes if a driver has them); TCP keepalive and OS-level timeouts (the client's
 own timers decide when to give up); wall-clock jumps (all clocks are

@@ -30,7 +30,7 @@ from django_redlock.core.extender import Watch, next_action, next_due, note_exte
 from django_redlock.core.lock import LockBase
 from django_redlock.core.records import Holder
 from django_redlock.core.rounds import NodeBooks
-from django_redlock.core.scripts import ACQUIRE
+from django_redlock.core.scripts import ACQUIRE, VOTE
 from django_redlock.exceptions import LockError, LockNotAcquired
 
 from .invariants import Call
@@ -376,6 +376,8 @@ def vote_of(effect: Any) -> tuple[Any, ...] | None:
         return command
     if command is not None and command[0] == "SET":  # a non-blocking call's plain SET NX PX, in that shape
         return ("EVALSHA", ACQUIRE.sha, 3, command[1], "", "", command[2], command[5], "once", "", 0, 0, "")
+    if command is not None and effect.script is VOTE:  # its SET NX PX behind the data-set check: the same
+        return ("EVALSHA", ACQUIRE.sha, 3, command[3], "", "", command[4], command[5], "once", "", 0, 0, "")
     return None
 
 

@@ -2,7 +2,9 @@
 
 Faults: node crash + restart, node pause (SIGSTOP), partition of a node from
 some clients, a connection reset, a client GC pause, a node's script cache
-flushed under open connections (``"flush_scripts"``), and (kind
+flushed under open connections (``"flush_scripts"``), a node's data set replaced under open
+connections by a full sync from an empty server (``"resync"``; not a default kind: a client whose
+first contact with the node comes after it cannot tell), and (kind
 ``"kill_client"``, when a ``respawn`` callback is set) a client process killed
 and replaced by a new one. At ``until`` every fault
 heals (paused nodes resume, partitions heal, frozen clients thaw, crashed
@@ -109,6 +111,13 @@ class Nemesis:
             if up:
                 self.injected += 1
                 world.choose(up, "flushed node").flush_scripts()
+        elif kind == "resync":
+            free = self._free_nodes()
+            if free:
+                self.injected += 1
+                # From an empty server: a copy of another node would bring back keys whose release
+                # that node had not run yet (leftovers that expire, not a fault of the engine).
+                world.choose(free, "resynced node").resync(None)
         elif kind == "drop":
             live = [c for c in self.network.connections if not c.dead and c.state == "open"]
             if live:

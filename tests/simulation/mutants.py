@@ -21,7 +21,7 @@ from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
 from .redis_model import SimNode
-from .run import Outcome, contend, default_faults, simulate
+from .run import Outcome, contend, default_faults, resync_faults, simulate
 
 __all__ = ["MUTANTS", "hunt"]
 
@@ -82,6 +82,12 @@ def durability_from_config() -> Any:
 def failover_unnoticed() -> Any:
     """Another server behind a node's address (a promoted replica) is not noticed: only its uptime counts."""
     return _patch(ledger, "moved", lambda before, now, heard=None: False)
+
+
+def data_set_unchecked() -> Any:
+    """Votes carry no data-set token: a node whose data set was replaced behind open connections (a resync,
+    a flush) votes on them as before; only a new connection's probe could notice."""
+    return _patch(rounds.NodeBooks, "guarded", lambda self, command: command)
 
 
 @contextmanager
@@ -419,6 +425,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     # Needs a release held up between two writes while another caller of the process writes (a scripted
     # case; random runs with stalls find it too).
     "release debt paid while its round runs": (debt_paid_while_its_round_runs, {"managers": 1, "stalls": 0.03}),
+    # Needs a node's data set replaced under open connections while a lock is held: resyncs among the
+    # faults, no respawned clients (their first contact with a resynced node could not tell).
+    "data set unchecked": (data_set_unchecked, {"faults": resync_faults}),
 }
 
 
@@ -436,7 +445,8 @@ def hunt(name: str, *, seeds: int = 200, budget: float = 30.0, first: int = 0) -
                 outcome = scenario(seed, **options)
             else:
                 # Only the mutants of the manager, its locks, holds and watchdog need its processes.
-                outcome = simulate(seed, faults=default_faults(), **{"managers": 0, **options})
+                faults = options.get("faults", default_faults)()
+                outcome = simulate(seed, **{"managers": 0, **options, "faults": faults})
             if outcome.violation:
                 return outcome, time.monotonic() - started, ran
             if time.monotonic() - started > budget:

@@ -30,7 +30,8 @@ id, the uptime of a long-running server), :meth:`SimNode.fsync_on` (``CONFIG
 SET appendonly yes`` + ``appendfsync always``: durable from now on, whatever
 its last restart lost), :meth:`SimNode.pause` / :meth:`SimNode.resume` (SIGSTOP:
 input waits in the buffers and is processed in arrival order on resume; blocked
-sessions' timeouts fire only once it runs again).
+sessions' timeouts fire only once it runs again), :meth:`SimNode.resync` (a full sync as a replica
+of another server and a promotion back: the data set is replaced, connections stay open).
 """
 
 from __future__ import annotations
@@ -43,7 +44,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_redlock.core.scripts import ACQUIRE, EXTEND, FENCE_RAISE, INSPECT, RELEASE
+from django_redlock.core.scripts import (
+    ACQUIRE,
+    DATASET,
+    EXTEND,
+    FENCE_RAISE,
+    FENCE_READ,
+    INSPECT,
+    RELEASE,
+    REPLACED,
+    VOTE,
+)
 
 from .clock import Clock
 
@@ -265,7 +276,8 @@ class SimNode:
 
     def fail_over(self) -> None:
         """A replica that lagged is promoted behind this node's address: what the master held is
-        lost (the worst lag), and the server now answering has been up for a long while."""
+        lost (the worst lag) but its data-set marker, written long before (so only the probe's run id
+        and replication id can tell), and the server now answering has been up for a long while."""
         if not self.up:
             return
         uptime = self.clock.now() - self.started_local
@@ -273,11 +285,24 @@ class SimNode:
         lost, self.data = self.data, {}  # fsync on the old master does not help the replica
         self.crash()
         self.lost = lost
+        # What it does have was written long before: the data-set marker (a copy of the master's).
+        self.data = {k: list(e) for k, e in lost.items() if k.endswith(b"dataset")}
         old = self.replid
         self.start()
         self.replid2 = old  # as Redis does on a promotion
         self.started_local -= uptime + self.world.uniform(0.0, 100.0, "replica uptime")
         self.lost_at = self.clock.now()
+
+    def resync(self, source: SimNode | None = None) -> None:
+        """REPLICAOF another server, then REPLICAOF NO ONE: a full sync replaces the data set with a
+        copy of ``source``'s (None: an empty server's); connections stay open, the run id stays,
+        the replication id is new (as after a promotion). What it held is lost from now."""
+        if not self.up:
+            return
+        self.world.note(self.name, "RESYNC", f"from {source.name if source else 'an empty server'}")
+        self.lost, self.data = self.data, ({k: list(e) for k, e in source.data.items()} if source else {})
+        self.lost_at = self.clock.now()
+        self.replid2, self.replid = self.replid, hashlib.sha1((self.replid + "resync").encode()).hexdigest()
 
     def fsync_on(self) -> None:
         """CONFIG SET appendonly yes + appendfsync always: keys survive crashes from now on (what its
@@ -752,6 +777,8 @@ class SimNode:
         numkeys = _int(rest[0])
         keys = [_b(k) for k in rest[1 : 1 + numkeys]]
         argv = [_b(a) for a in rest[1 + numkeys :]]
+        if sha in _GUARDED:
+            argv = self._guard(argv)
         group = _SCRIPT_KEYS.get(sha)
         if group is not None and (not keys or len(keys) % group):
             raise _Error(f"ERR Error running script: KEYS in groups of {group} expected, {len(keys)} given")
@@ -771,6 +798,32 @@ class SimNode:
             return False
         self._forget_expired(queue, places, now)
         return self._exists([queue]) == 1
+
+    def _guard(self, argv: list[bytes]) -> list[bytes]:
+        """The vote scripts' data-set check (``scripts._GUARD``): takes its two ARGV off the end."""
+        mark, known = argv[-2], argv[-1]
+        argv = argv[:-2]
+        if known:
+            found = self._get([mark])
+            if found != known:
+                if found is None:
+                    found = dataset_token((argv[0] if argv else b"") + known)
+                    self._set([mark, found])
+                raise _Error(f"{REPLACED} {_s(found)}")
+        return argv
+
+    def _dataset(self, keys: list[bytes], argv: list[bytes]) -> bytes:
+        found = self._get([keys[0]])
+        if found is None:
+            found = dataset_token(argv[0])
+            self._set([keys[0], found])
+        return found  # type: ignore[no-any-return]
+
+    def _fence_read(self, keys: list[bytes], argv: list[bytes]) -> list[Any]:
+        return self._mget(keys)
+
+    def _vote(self, keys: list[bytes], argv: list[bytes]) -> Any:
+        return self._set([keys[0], argv[0], "NX", "PX", argv[1]])
 
     def _acquire(self, keys: list[bytes], argv: list[bytes]) -> Any:
         value, ttl_ms, mode, place, ticket, life_ms = argv[:6]
@@ -928,6 +981,9 @@ _COMMANDS: dict[str, Callable[[SimNode, Sequence[Any]], Any]] = {
 
 #: sha -> the SimNode method that does what the script's Lua does (looked up per call).
 _SCRIPTS: dict[str, str] = {
+    VOTE.sha: "_vote",
+    FENCE_READ.sha: "_fence_read",
+    DATASET.sha: "_dataset",
     ACQUIRE.sha: "_acquire",
     RELEASE.sha: "_release",
     EXTEND.sha: "_extend",
@@ -935,4 +991,13 @@ _SCRIPTS: dict[str, str] = {
     INSPECT.sha: "_inspect",
 }
 #: sha -> the KEYS come in groups of this many (at least one group).
-_SCRIPT_KEYS: dict[str, Any] = {ACQUIRE.sha: 3, RELEASE.sha: 3, EXTEND.sha: 1, FENCE_RAISE.sha: 1}
+_SCRIPT_KEYS: dict[str, Any] = {
+    ACQUIRE.sha: 3, RELEASE.sha: 3, EXTEND.sha: 1, FENCE_RAISE.sha: 1, VOTE.sha: 1, DATASET.sha: 1, FENCE_READ.sha: 1,
+}
+#: The vote scripts: their last two ARGV are the data-set check's (see :meth:`SimNode._guard`).
+_GUARDED = frozenset((ACQUIRE.sha, VOTE.sha, FENCE_READ.sha, FENCE_RAISE.sha))
+
+
+def dataset_token(seed: bytes) -> bytes:
+    """The token a missing data-set marker is created with, as the scripts' Lua makes it."""
+    return hashlib.sha1(seed).hexdigest()[:16].encode()

@@ -225,6 +225,14 @@ def default_faults(restart_after: float = 0.0) -> FaultConfig:
                        progress_within=4.0)
 
 
+def resync_faults() -> FaultConfig:
+    """The default faults with resyncs (a node's data set replaced under open connections) and without
+    killed clients: a respawned client's first contact with a resynced node could not tell."""
+    config = default_faults()
+    config.kinds = (*(k for k in config.kinds if k != "kill_client"), "resync", "resync")
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
 

@@ -371,7 +371,8 @@ def _script_name(text: str) -> str | None:
     if not _SCRIPT_NAMES:
         from django_redlock.core import scripts
 
-        for script in (scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.FENCE_RAISE, scripts.INSPECT):
+        for script in (scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.FENCE_RAISE, scripts.INSPECT,
+                       scripts.VOTE, scripts.DATASET, scripts.FENCE_READ):
             _SCRIPT_NAMES[script.source] = f"<{script.name}>"
             _SCRIPT_NAMES[script.sha] = f"<{script.name}>"
     return _SCRIPT_NAMES.get(text)
