@@ -347,6 +347,28 @@ def watchdog_ignores_the_release() -> Iterator[None]:
         yield
 
 
+def grant_in_line_with_the_full_ttl() -> Any:
+    """A vote in line sets the keys for the whole ttl: a waiter frozen in line holds it that long."""
+    return _patch(base, "PROVISIONAL_TTL", float("inf"))
+
+
+@contextmanager
+def provisional_validity_ignored() -> Iterator[None]:
+    """A lock won in line is judged as if its keys were set for the whole ttl, not the provisional
+    one: an extension that did not reach a quorum leaves the validity overstated."""
+    real = base.Attempts.won
+
+    def won(self: Any, results: Any, started: float, quorum: int, now: float) -> bool:
+        granted, self.granted_ttl = self.granted_ttl, self.ttl
+        try:
+            return bool(real(self, results, started, quorum, now))
+        finally:
+            self.granted_ttl = granted
+
+    with _patch(base.Attempts, "won", won):
+        yield
+
+
 #: Only a process of the real AsyncLockManager (and the clients driving the core's steps).
 ASYNC_CALLERS: dict[str, Any] = {"managers": 0, "async_managers": 1}
 
@@ -410,6 +432,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "reentrancy keyed on the thread (asyncio)": (reentrancy_keyed_on_the_thread, ASYNC_CALLERS),
     "loss at the hold's exit swallowed (asyncio)": (loss_swallowed, ASYNC_CALLERS),
     "keep-alive task extends after the release": (watchdog_ignores_the_release, ASYNC_CALLERS),
+    # A waiter frozen in line, granted and never reading it; an extension cut off: scripted cases.
+    "grant in line with the full ttl": (grant_in_line_with_the_full_ttl, {}),
+    "validity of a grant in line from the full ttl": (provisional_validity_ignored, {}),
 }
 
 

@@ -1,0 +1,106 @@
+"""A waiter frozen in line (SIGSTOP while its BLPOP is pending) holds up the line only briefly.
+
+A frozen host, VM or container leaves its connections open: its wait in line stays pending on
+every node, and a release wakes it and runs its vote there. The lock it is granted that way
+lives only the provisional ttl until its winner, once it has read the grant, extends it; a
+winner that never reads it holds up the next waiter for that long, not for the whole ttl.
+Whether each waiter is in line, and blocked in its wait, is read on the nodes (``CLIENT LIST``,
+the places zset), never guessed with a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import redis
+
+from django_redlock.core import AsyncLockManager, LockManager
+from django_redlock.core.base import PLACE_MARGIN, WAIT_SLICE
+from django_redlock.core.records import Holder
+from tests.conftest import eventually
+
+RESOURCE = "frozen-line"
+TTL = 5.0
+
+
+def _client(server):
+    return redis.Redis.from_url(server.url, socket_timeout=2)
+
+
+def _blocked(servers):
+    """How many connections wait in a BLPOP on each node."""
+    return [
+        sum(1 for c in _client(s).client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", ""))
+        for s in servers
+    ]
+
+
+def _places(servers):
+    return [_client(s).zcard(f"redlock:places:{RESOURCE}") for s in servers]
+
+
+def _wait_in_line(urls, kind):
+    """The waiter that freezes: a blocking acquire in its own process (stopped while it waits)."""
+    if kind == "sync":
+        LockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+    else:
+
+        async def wait() -> None:
+            await AsyncLockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+
+        asyncio.run(wait())
+    os._exit(0)
+
+
+def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine):
+    holder = LockManager(servers.urls, ttl=TTL, restart_window=0)
+    mgr = engine.manager(servers.urls, ttl=TTL, restart_window=0)
+    held = holder.acquire(RESOURCE)
+    frozen = multiprocessing.get_context("spawn").Process(target=_wait_in_line, args=(servers.urls, engine.kind))
+    frozen.start()
+    got: dict[str, float] = {}
+    waiter = None
+    try:
+        eventually(lambda: _blocked(servers) == [1] * 5, 20, show=lambda: _blocked(servers))
+
+        def next_in_line() -> None:
+            lock = mgr.acquire(RESOURCE, timeout=30)
+            got["at"] = time.monotonic()
+            got["validity"] = lock.validity
+            lock.release()
+
+        waiter = threading.Thread(target=next_in_line)
+        waiter.start()
+        eventually(lambda: _places(servers) == [2] * 5 and _blocked(servers) == [2] * 5, show=lambda: _blocked(servers))
+        # Freeze the first waiter while its BLPOP is pending on every node: stopped, then seen blocked
+        # (its connections stay open). Its wait ends every slice; catch it inside one.
+        while True:
+            os.kill(frozen.pid, signal.SIGSTOP)
+            if _blocked(servers) == [2] * 5:
+                break
+            os.kill(frozen.pid, signal.SIGCONT)
+            eventually(lambda: _blocked(servers) == [2] * 5, show=lambda: _blocked(servers))
+        released_at = time.monotonic()
+        held.release()  # wakes the frozen waiter, first in line: its vote runs on every node
+        owners = eventually(
+            lambda: [Holder.decode(v).pid for v in (_client(s).get(f"redlock:lock:{RESOURCE}") for s in servers) if v]
+        )
+        assert owners.count(frozen.pid) >= 3, "the frozen waiter was not granted the lock"
+        waiter.join(30)
+        assert not waiter.is_alive()
+        waited = got["at"] - released_at
+        # Held up by the grant nobody confirms (PLACE_MARGIN), then noticed at the next waiter's next
+        # vote (a slice and a server tick), plus slack for a busy host.
+        assert waited <= PLACE_MARGIN + WAIT_SLICE + 0.5, f"the next waiter got in {waited:.2f} s after the release"
+        assert got["validity"] > TTL / 2  # it holds a lock of the full ttl, not a provisional one
+    finally:
+        os.kill(frozen.pid, signal.SIGKILL)  # stopped or not
+        frozen.join(5)
+        if waiter is not None:
+            waiter.join(30)
+        holder.close()
