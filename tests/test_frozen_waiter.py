@@ -20,7 +20,7 @@ import time
 import redis
 
 from django_redlock.core import AsyncLockManager, LockManager
-from django_redlock.core.base import PLACE_MARGIN, WAIT_SLICE
+from django_redlock.core.base import PROVISIONAL_TTL, WAIT_SLICE
 from django_redlock.core.records import Holder
 from tests.conftest import eventually
 
@@ -44,14 +44,20 @@ def _places(servers):
     return [_client(s).zcard(f"redlock:places:{RESOURCE}") for s in servers]
 
 
-def _wait_in_line(urls, kind):
-    """The waiter that freezes: a blocking acquire in its own process (stopped while it waits)."""
+def _wait_in_line(urls, kind, report):
+    """The waiter that freezes: a blocking acquire in its own process (stopped while it waits, then
+    let go); it reports when it got the lock (``time.monotonic()``, the same clock in every process)
+    and with how much validity."""
     if kind == "sync":
-        LockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+        lock = LockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+        report.send((time.monotonic(), lock.validity))  # at once: no feeder thread
+        lock.release()
     else:
 
         async def wait() -> None:
-            await AsyncLockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+            lock = await AsyncLockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+            report.send((time.monotonic(), lock.validity))  # at once: no feeder thread
+            await lock.release()
 
         asyncio.run(wait())
     os._exit(0)
@@ -61,9 +67,12 @@ def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine):
     holder = LockManager(servers.urls, ttl=TTL, restart_window=0)
     mgr = engine.manager(servers.urls, ttl=TTL, restart_window=0)
     held = holder.acquire(RESOURCE)
-    frozen = multiprocessing.get_context("spawn").Process(target=_wait_in_line, args=(servers.urls, engine.kind))
+    ctx = multiprocessing.get_context("spawn")  # the test process has threads: no fork
+    reports, report = ctx.Pipe(duplex=False)
+    frozen = ctx.Process(target=_wait_in_line, args=(servers.urls, engine.kind, report))
     frozen.start()
     got: dict[str, float] = {}
+    let_go = threading.Event()
     waiter = None
     try:
         eventually(lambda: _blocked(servers) == [1] * 5, 20, show=lambda: _blocked(servers))
@@ -72,6 +81,8 @@ def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine):
             lock = mgr.acquire(RESOURCE, timeout=30)
             got["at"] = time.monotonic()
             got["validity"] = lock.validity
+            let_go.wait(30)
+            got["released"] = time.monotonic()
             lock.release()
 
         waiter = threading.Thread(target=next_in_line)
@@ -91,14 +102,25 @@ def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine):
             lambda: [Holder.decode(v).pid for v in (_client(s).get(f"redlock:lock:{RESOURCE}") for s in servers) if v]
         )
         assert owners.count(frozen.pid) >= 3, "the frozen waiter was not granted the lock"
-        waiter.join(30)
-        assert not waiter.is_alive()
+        eventually(lambda: "at" in got, 30)
         waited = got["at"] - released_at
-        # Held up by the grant nobody confirms (PLACE_MARGIN), then noticed at the next waiter's next
+        # Held up by the grant nobody confirms (PROVISIONAL_TTL), then noticed at the next waiter's next
         # vote (a slice and a server tick), plus slack for a busy host.
-        assert waited <= PLACE_MARGIN + WAIT_SLICE + 0.5, f"the next waiter got in {waited:.2f} s after the release"
+        assert waited <= PROVISIONAL_TTL + WAIT_SLICE + 0.5, f"the next waiter got in {waited:.2f} s after the release"
         assert got["validity"] > TTL / 2  # it holds a lock of the full ttl, not a provisional one
+        # The frozen waiter wakes up and reads its grant, long lapsed: it must not take the lock for
+        # its own. It goes back to its place in line (first: its ticket is the older), and gets the
+        # lock once the next waiter releases it.
+        os.kill(frozen.pid, signal.SIGCONT)
+        eventually(lambda: reports.poll() or _places(servers) == [1] * 5, show=lambda: _places(servers))
+        let_go.set()
+        waiter.join(30)
+        assert reports.poll(30), "the waiter that read its grant late never got the lock"
+        late_at, late_validity = reports.recv()
+        assert late_at > got["released"], "the waiter that read its grant late held the lock with the next one"
+        assert late_validity > TTL / 2
     finally:
+        let_go.set()
         os.kill(frozen.pid, signal.SIGKILL)  # stopped or not
         frozen.join(5)
         if waiter is not None:

@@ -36,6 +36,27 @@ def test_random_faults_break_no_invariant():
     assert acquired > 240, "the clients must get locks, or the run proves nothing"
 
 
+def test_locks_won_in_line_provisionally_break_no_invariant(monkeypatch):
+    """A ttl above the provisional one (1 s): every lock won in line is granted provisionally and
+    extended, under the random faults (client pauses among them: winners that read their grant late,
+    extensions cut off)."""
+    from django_redlock.core import base
+
+    extended = []
+    real = base.Attempts.topped_up
+
+    def topped_up(self, results, started, quorum, now):
+        real(self, results, started, quorum, now)
+        if self.granted_ttl < self.ttl:
+            extended.append(self.valid_until - started >= self.ttl / 2)  # the ttl's validity, or the provisional
+
+    monkeypatch.setattr(base.Attempts, "topped_up", topped_up)
+    for seed in range(6):
+        outcome = simulate(seed, faults=default_faults(), ttl=3.0)
+        assert outcome.violation is None, outcome.violation
+    assert sum(extended) > 20, "locks must be won in line and extended, or the run proves nothing"
+
+
 def test_processes_running_the_real_manager_break_no_invariant():
     """Only processes running the real LockManager, two callers each: holds (kept alive, re-entered,
     nested), acquire and release, extensions, fencing tokens, owned(), hand-offs by adopt()."""
