@@ -13,7 +13,7 @@ import pytest
 from tests.simulation.cases import CASES, run_case
 from tests.simulation.exhaustive import check_small_scope
 from tests.simulation.mutants import MUTANTS, hunt
-from tests.simulation.run import contend, default_faults, simulate
+from tests.simulation.run import contend, default_faults, provisional, simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -52,7 +52,7 @@ def test_locks_won_in_line_provisionally_break_no_invariant(monkeypatch):
 
     monkeypatch.setattr(base.Attempts, "topped_up", topped_up)
     for seed in range(6):
-        outcome = simulate(seed, faults=default_faults(), ttl=3.0)
+        outcome = provisional(seed)
         assert outcome.violation is None, outcome.violation
     assert sum(extended) > 20, "locks must be won in line and extended, or the run proves nothing"
 
