@@ -39,7 +39,7 @@ def test_random_faults_break_no_invariant():
 def test_locks_won_in_line_provisionally_break_no_invariant(monkeypatch):
     """A ttl above the provisional one (1 s): every lock won in line is granted provisionally and
     extended, under the random faults (client pauses among them: winners that read their grant late,
-    extensions cut off)."""
+    extensions cut off); three runs add a process of the real AsyncLockManager."""
     from django_redlock.core import base
 
     extended = []
@@ -51,8 +51,8 @@ def test_locks_won_in_line_provisionally_break_no_invariant(monkeypatch):
             extended.append(self.valid_until - started >= self.ttl / 2)  # the ttl's validity, or the provisional
 
     monkeypatch.setattr(base.Attempts, "topped_up", topped_up)
-    for seed in range(6):
-        outcome = provisional(seed)
+    for seed, options in [(seed, {}) for seed in range(6)] + [(seed, {"async_managers": 1}) for seed in range(3)]:
+        outcome = provisional(seed, **options)
         assert outcome.violation is None, outcome.violation
     assert sum(extended) > 20, "locks must be won in line and extended, or the run proves nothing"
 
