@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 
+import pytest
 import redis
 
 from django_redlock.core import AsyncLockManager, LockManager
@@ -44,18 +45,18 @@ def _places(servers):
     return [_client(s).zcard(f"redlock:places:{RESOURCE}") for s in servers]
 
 
-def _wait_in_line(urls, kind, report):
+def _wait_in_line(urls, kind, resources, report):
     """The waiter that freezes: a blocking acquire in its own process (stopped while it waits, then
     let go); it reports when it got the lock (``time.monotonic()``, the same clock in every process)
     and with how much validity."""
     if kind == "sync":
-        lock = LockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+        lock = LockManager(urls, ttl=TTL, restart_window=0).acquire(resources, timeout=60)
         report.send((time.monotonic(), lock.validity))  # at once: no feeder thread
         lock.release()
     else:
 
         async def wait() -> None:
-            lock = await AsyncLockManager(urls, ttl=TTL, restart_window=0).acquire(RESOURCE, timeout=60)
+            lock = await AsyncLockManager(urls, ttl=TTL, restart_window=0).acquire(resources, timeout=60)
             report.send((time.monotonic(), lock.validity))  # at once: no feeder thread
             await lock.release()
 
@@ -63,13 +64,15 @@ def _wait_in_line(urls, kind, report):
     os._exit(0)
 
 
-def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine):
+@pytest.mark.parametrize("resources", [[RESOURCE], [RESOURCE, "frozen-other"]], ids=["one", "several"])
+def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine, resources):
+    """The frozen waiter locks ``resources`` (one, or several at once); the next waiter the first one."""
     holder = LockManager(servers.urls, ttl=TTL, restart_window=0)
     mgr = engine.manager(servers.urls, ttl=TTL, restart_window=0)
     held = holder.acquire(RESOURCE)
     ctx = multiprocessing.get_context("spawn")  # the test process has threads: no fork
     reports, report = ctx.Pipe(duplex=False)
-    frozen = ctx.Process(target=_wait_in_line, args=(servers.urls, engine.kind, report))
+    frozen = ctx.Process(target=_wait_in_line, args=(servers.urls, engine.kind, resources, report))
     frozen.start()
     got: dict[str, float] = {}
     let_go = threading.Event()
