@@ -29,20 +29,29 @@ RESOURCE = "frozen-line"
 TTL = 5.0
 
 
-def _client(server):
-    return redis.Redis.from_url(server.url, socket_timeout=2)
+def _on_nodes(servers, read):
+    """``read(client)`` on each node, through a connection closed afterwards."""
+    out = []
+    for server in servers:
+        with redis.Redis.from_url(server.url, socket_timeout=2) as client:
+            out.append(read(client))
+    return out
 
 
 def _blocked(servers):
     """How many connections wait in a BLPOP on each node."""
-    return [
-        sum(1 for c in _client(s).client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", ""))
-        for s in servers
-    ]
+    return _on_nodes(
+        servers, lambda c: sum(1 for x in c.client_list() if x.get("cmd") == "blpop" and "b" in x.get("flags", ""))
+    )
 
 
 def _places(servers):
-    return [_client(s).zcard(f"redlock:places:{RESOURCE}") for s in servers]
+    return _on_nodes(servers, lambda c: c.zcard(f"redlock:places:{RESOURCE}"))
+
+
+def _holders(servers):
+    """The pid of the holder on each node that stores the lock key."""
+    return [Holder.decode(v).pid for v in _on_nodes(servers, lambda c: c.get(f"redlock:lock:{RESOURCE}")) if v]
 
 
 def _wait_in_line(urls, kind, resources, report):
@@ -101,9 +110,7 @@ def test_a_waiter_frozen_in_line_holds_up_the_next_one_briefly(servers, engine, 
             eventually(lambda: _blocked(servers) == [2] * 5, show=lambda: _blocked(servers))
         released_at = time.monotonic()
         held.release()  # wakes the frozen waiter, first in line: its vote runs on every node
-        owners = eventually(
-            lambda: [Holder.decode(v).pid for v in (_client(s).get(f"redlock:lock:{RESOURCE}") for s in servers) if v]
-        )
+        owners = eventually(lambda: _holders(servers))
         assert owners.count(frozen.pid) >= 3, "the frozen waiter was not granted the lock"
         eventually(lambda: "at" in got, 30)
         waited = got["at"] - released_at
