@@ -37,6 +37,7 @@ TESTS = [
     "tests/test_documented_acl.py",
     "tests/test_lua_model.py",
     "tests/test_waiting_line.py",
+    "tests/test_frozen_waiter.py",
     "tests/test_multi_resource.py",
     "tests/test_fencing_all_or_nothing.py",
     "tests/test_exclusion.py",

@@ -13,7 +13,7 @@ import pytest
 from tests.simulation.cases import CASES, run_case
 from tests.simulation.exhaustive import check_small_scope
 from tests.simulation.mutants import MUTANTS, hunt
-from tests.simulation.run import contend, default_faults, resync_faults, simulate
+from tests.simulation.run import contend, default_faults, provisional, resync_faults, simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -42,6 +42,27 @@ def test_resyncs_under_open_connections_break_no_invariant():
     for seed in range(8):
         outcome = simulate(seed, faults=resync_faults())
         assert outcome.violation is None, outcome.violation
+
+
+def test_locks_won_in_line_provisionally_break_no_invariant(monkeypatch):
+    """A ttl above the provisional one (1 s): every lock won in line is granted provisionally and
+    extended, under the random faults (client pauses among them: winners that read their grant late,
+    extensions cut off); three runs add a process of the real AsyncLockManager."""
+    from django_redlock.core import base
+
+    extended = []
+    real = base.Attempts.topped_up
+
+    def topped_up(self, results, started, quorum, now):
+        real(self, results, started, quorum, now)
+        if self.granted_ttl < self.ttl:
+            extended.append(self.valid_until - started >= self.ttl / 2)  # the ttl's validity, or the provisional
+
+    monkeypatch.setattr(base.Attempts, "topped_up", topped_up)
+    for seed, options in [(seed, {}) for seed in range(6)] + [(seed, {"async_managers": 1}) for seed in range(3)]:
+        outcome = provisional(seed, **options)
+        assert outcome.violation is None, outcome.violation
+    assert sum(extended) > 20, "locks must be won in line and extended, or the run proves nothing"
 
 
 def test_processes_running_the_real_manager_break_no_invariant():

@@ -340,7 +340,11 @@ class Attempts:
         self.life = 0
         self.attempts = 0
         self.results: Sequence[Any] = ()
+        #: The ttl the last vote set the keys with: a provisional one for a vote in line.
+        self.granted_ttl = self.ttl
         self.validity = 0.0
+        #: When the winning attempt's validity ends (the lock's deadline).
+        self.valid_until = 0.0
         # For the acquire_finished hook: when the first vote was judged lost, and whether it found the lock held.
         self.first_lost: float | None = None
         self.contended = False
@@ -380,6 +384,9 @@ class Attempts:
         takes a free lock and never touches the line. The others run ACQUIRE
         (several resources are set all or nothing on each node).
         """
+        # A vote in line runs when the node wakes it, maybe long after its caller froze: it sets
+        # the keys provisionally, and the winner extends them (see top_up).
+        self.granted_ttl = min(self.ttl, PROVISIONAL_TTL) if self.mode == "wait" else self.ttl
         script = self.script
         if script is None:
             return set_command(self.key, self.value, self.ttl)
@@ -387,7 +394,7 @@ class Attempts:
         if script is VOTE:
             return script_command(VOTE, (self.key,), (self.value, ms(self.ttl), *guard))
         self.life = life = ms(self.slice + PLACE_MARGIN)
-        args = (self.value, ms(self.ttl), self.mode, self.place, self.ticket, life, *self.wake, *guard)
+        args = (self.value, ms(self.granted_ttl), self.mode, self.place, self.ticket, life, *self.wake, *guard)
         return script_command(ACQUIRE, self.line, args)
 
     def ttl_command(self) -> tuple[tuple[Any, ...], Script | None]:
@@ -417,7 +424,8 @@ class Attempts:
         more than we saw pass), and the ttl counts from ``started`` plus what a
         quorum of the granting nodes waited, less the drift on it, and never
         from later than ``now`` (see docs/safety.rst, "Validity after waiting
-        in line").
+        in line"). A vote in line set the keys for :attr:`granted_ttl` only:
+        that bounds the validity until :meth:`topped_up` extends it.
         """
         self.attempts += 1
         self.results = results
@@ -425,10 +433,15 @@ class Attempts:
         if len(waits) >= quorum:
             started += max(0.0, waits[quorum - 1] - EXPIRY_STEP) * (1 - self.config.clock_drift_factor)
             started = min(started, now)  # never more than a fresh acquire's validity
+        self._valid_for(self.granted_ttl, started, now)
+        return count(results) >= quorum and self.validity > 0
+
+    def _valid_for(self, ttl: float, started: float, now: float) -> None:
+        """Keys set for ``ttl`` no earlier than ``started``: the validity left at ``now``, after drift."""
         #: When the winning attempt's ttl counts from: the lock's validity counts from here.
         self.started = started
-        self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
-        return count(results) >= quorum and self.validity > 0
+        self.valid_until = started + ttl - self.config.drift(ttl)
+        self.validity = self.valid_until - now
 
     def top_up(self) -> tuple[tuple[Any, ...], float] | None:
         """After a win: an extension to send at once, and how long to wait for it, or None.
@@ -437,19 +450,25 @@ class Attempts:
         the others (a node where the lock was free grants at once, another
         only once its holder releases), and the validity counts from the
         earliest of them. When that cost more than :data:`TOP_UP` of the ttl,
-        one extension gives the lock the validity of a fresh acquire.
+        one extension gives the lock the validity of a fresh acquire. A vote
+        granted provisionally (:data:`PROVISIONAL_TTL`) is always extended.
         """
-        if self.mode != "wait" or self.ttl - self.config.drift(self.ttl) - self.validity <= TOP_UP * self.ttl:
+        if self.mode != "wait":
+            return None
+        fresh = self.ttl - self.config.drift(self.ttl)
+        if self.granted_ttl >= self.ttl and fresh - self.validity <= TOP_UP * self.ttl:
             return None
         command = extend_command(self.keys, self.value, self.ttl)
         return command, max(0.001, min(self.config.node_timeout, self.validity))
 
     def topped_up(self, results: Sequence[Any], started: float, quorum: int, now: float) -> None:
         """Judge the extension of :meth:`top_up`: a quorum that extended within the validity restarts the ttl
-        from ``started`` (read before its write); otherwise the lock keeps the validity it won with."""
-        if extension_held(results, quorum, now, self.started + self.ttl - self.config.drift(self.ttl)):
-            self.started = started
-            self.validity = self.ttl - (now - started) - self.config.drift(self.ttl)
+        from ``started`` (read before its write); otherwise the lock keeps the validity it won with (a
+        provisional grant's: its keys expire that soon on the nodes that were not extended)."""
+        if extension_held(results, quorum, now, self.valid_until):
+            self._valid_for(self.ttl, started, now)
+        else:
+            self.validity = self.valid_until - now
 
     def unsure(self) -> list[bool]:
         """Per node: may this attempt's value be set there (granted, or no definite answer)?

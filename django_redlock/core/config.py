@@ -25,6 +25,7 @@ __all__ = [
     "MAX_RESOURCES",
     "MAX_RESOURCE_LENGTH",
     "PLACE_MARGIN",
+    "PROVISIONAL_TTL",
     "TOKEN_BYTES",
     "WAIT_SLICE",
     "AcquireReport",
@@ -72,6 +73,10 @@ WAIT_SLICE = 0.5
 #: A place in line outlives its waiter's current wait by this much; a waiter
 #: that dies holds up the line at most ``WAIT_SLICE + PLACE_MARGIN``.
 PLACE_MARGIN = 1.0
+#: A vote granted in line (it may run long after it was written, its caller frozen since) sets
+#: the keys for this long at most; the caller extends them to the lock's ttl once it has read the
+#: grant. A winner that never reads it holds up the line this long, not a whole ttl.
+PROVISIONAL_TTL = PLACE_MARGIN
 
 
 def check_resource(resource: Any) -> str:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Lock", "LockBase"]
 
+_Self = TypeVar("_Self", bound="LockBase")
+
 
 class LockBase:
     """State shared by :class:`Lock` and :class:`~django_redlock.core.async_manager.AsyncLock`."""
@@ -81,6 +83,14 @@ class LockBase:
         self._keeper: Any = None
         # Set by the watchdog: called once with the lock when it is marked lost while held.
         self._lost_listener: Callable[[Any], None] | None = None
+
+    @classmethod
+    def granted(cls: type[_Self], manager: Any, plan: base.Attempts) -> _Self:
+        """The lock an acquire call won (``plan``): valid until the plan says, which a grant in line
+        that was not extended on a quorum bounds by its provisional ttl."""
+        lock = cls(manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place, plan.value, plan.keys)
+        lock._deadline = plan.valid_until
+        return lock
 
     @property
     def token(self) -> str:

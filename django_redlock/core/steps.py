@@ -204,7 +204,8 @@ def acquire(
                 block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
             )
             now = yield NOW
-            if plan.won(results, started, quorum, now):
+            won = plan.won(results, started, quorum, now)
+            if won:
                 top_up = plan.top_up()
                 if top_up is not None:
                     command, timeout = top_up
@@ -218,6 +219,8 @@ def acquire(
                     )
                     now = yield NOW
                     plan.topped_up(replies, started, quorum, now)
+                    won = plan.validity > 0  # a provisional grant can run out while it is extended
+            if won:
                 if timed:
                     base.call_hook(config.hooks, "acquire_finished", plan.report("acquired", now))
                 return plan

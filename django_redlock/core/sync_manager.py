@@ -124,7 +124,7 @@ class ManagerBase:
 
     def _granted(self, plan: base.Attempts, lock_class: type[_L]) -> _L:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
-        lock = lock_class(self, plan.resources, plan.holder, plan.ttl, plan.started, plan.place, plan.value, plan.keys)
+        lock = lock_class.granted(self, plan)
         self._held.add(lock)
         base.call_hook(self.config.hooks, "acquired", lock)
         return lock

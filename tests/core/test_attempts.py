@@ -111,6 +111,34 @@ def test_top_up_extends_once_a_lock_that_lost_much_validity_waiting() -> None:
     assert attempt.top_up() is None
 
 
+def test_a_vote_in_line_is_granted_provisionally_and_extended() -> None:
+    attempt = plan()
+    assert attempt.vote()[4 + 3] == base.ms(TTL)  # ACQUIRE's ARGV[2]: a vote that does not wait sets the ttl
+    attempt.mode = "wait"
+    assert attempt.vote()[4 + 3] == base.ms(base.PROVISIONAL_TTL)
+    provisional = base.PROVISIONAL_TTL - attempt.config.drift(base.PROVISIONAL_TTL)
+    assert attempt.won([Granted(OK, 0.0)] * 3 + [None] * 2, 100.0, QUORUM, 100.01)
+    assert attempt.validity == pytest.approx(provisional - 0.01)  # bounded by the provisional keys
+    assert attempt.top_up() is not None  # always extended, however little it waited
+    attempt.topped_up([1, 1, 0, 0, None], started=100.01, quorum=QUORUM, now=100.02)  # 2 of 5 extended
+    assert attempt.valid_until == pytest.approx(100.0 + provisional)
+    assert attempt.validity == pytest.approx(provisional - 0.02)
+    attempt.topped_up([1, 1, 1, 0, None], started=100.01, quorum=QUORUM, now=100.02)  # a quorum: the ttl
+    assert attempt.valid_until == pytest.approx(100.01 + TTL - attempt.config.drift(TTL))
+    late = plan()
+    late.mode = "wait"
+    late.vote()
+    assert not late.won([Granted(OK, 0.0)] * 3 + [None] * 2, 100.0, QUORUM, 100.0 + provisional)  # read too late
+
+
+def test_a_ttl_below_the_provisional_one_is_granted_whole() -> None:
+    attempt = base.Attempts(config(), "a", 0.5, True, 5.0, None, now=100.0, wall=1)
+    attempt.mode = "wait"
+    assert attempt.vote()[4 + 3] == base.ms(0.5)
+    attempt.won([Granted(OK, 0.0)] * 3 + [None] * 2, 100.0, QUORUM, 100.01)
+    assert attempt.top_up() is None  # lost under a tenth of the ttl: nothing to extend
+
+
 def test_unsure_lists_the_nodes_where_the_value_may_be_set() -> None:
     attempt = plan()
     attempt.won([OK, None, 0, Failure("timeout"), TimeoutError()], 100.0, QUORUM, 100.01)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_redlock.core import steps
+from django_redlock.core.base import PROVISIONAL_TTL, WAIT_SLICE
 from django_redlock.core.lock import LockBase
-from django_redlock.core.scripts import FENCE_RAISE, RELEASE
+from django_redlock.core.scripts import EXTEND, FENCE_RAISE, RELEASE
 from django_redlock.exceptions import LockError, LockLost
 
 from .client import SimClient, vote_of
@@ -302,7 +303,7 @@ def late_release_of_an_earlier_attempt(seed: int) -> Sim:
     def a_done(result: Any, error: BaseException | None) -> None:
         assert error is None, f"attempt 2 must win: {error}"
         plan = result
-        lock = LockBase(a.manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
+        lock = LockBase.granted(a.manager, plan)
         sim.checker.acquired(a.proc, "r", lock.value, lock.validity, deadline_local=lock._deadline)
         world.after(1.6, late_release)  # a's place has expired by then; its lock has not
 
@@ -581,6 +582,72 @@ def release_held_up_between_its_writes(seed: int) -> Sim:
 
 
 #: case name -> (function, the mutants it is built to catch)
+#: A ttl well above the provisional ttl of a grant in line, so the two can be told apart.
+LONG_TTL = 4.0
+
+
+def waiter_frozen_in_line(seed: int) -> Sim:
+    """W waits in line behind A and freezes (SIGSTOP, a frozen VM: its connections stay open) while
+    its BLPOP is pending; B waits behind W. A's release wakes W, whose vote runs on every node: the
+    lock is granted to a caller that cannot read it. B must get in once that grant lapses (its
+    provisional ttl) and B's wait slice ends, not after W's whole ttl."""
+    sim = build(seed, ttl=LONG_TTL, net=QUIET, share=0.0)
+    a, w, b = (SimClient(sim, name, ttl=LONG_TTL, node_timeout=0.2) for name in "awb")
+    world = sim.world
+    released: list[float] = []
+    granted: list[float] = []
+
+    def b_acquired(lock: LockBase | None) -> None:
+        if lock is not None:
+            granted.append(world.now)
+            _release(b, lock)
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        _acquire(w, "r", lambda lock: lock and _release(w, lock), blocking=True, timeout=30.0)
+        world.after(0.2, sim.network.pause_client, w.proc, 10.0)  # w's BLPOP (a 0.5 s slice) is pending
+        world.after(0.2, lambda: _acquire(b, "r", b_acquired, blocking=True, timeout=30.0))
+        world.after(0.3, lambda: (released.append(world.now), _release(a, lock)))
+
+    world.at(settled(LONG_TTL), _acquire, a, "r", a_acquired)
+    world.run_until(settled(LONG_TTL) + 12)
+    bound = PROVISIONAL_TTL + WAIT_SLICE + 0.1 + 0.1  # + a server tick, + slack
+    if not granted or granted[0] - released[0] > bound:
+        waited = f"after {granted[0] - released[0]:.3f} s" if granted else "never"
+        raise Violation(f"(e) progress: b, next in line behind a frozen waiter, got 'r' {waited}; "
+                        f"at most {bound:.1f} s expected\nseed={seed}\n" + "\n".join(world.trace_lines(40)))
+    return sim
+
+
+def winner_whose_extension_is_lost(seed: int) -> Sim:
+    """B waits in line; A releases; B's vote is granted provisionally on every node, and B's extension
+    to its ttl is cut off from three nodes: B's lock is valid only as long as the provisional keys
+    live, and (c) checks that what B reports is kept by a quorum."""
+    sim = build(seed, ttl=LONG_TTL, net=QUIET, share=0.0)
+    a, b = (SimClient(sim, name, ttl=LONG_TTL, node_timeout=0.2) for name in "ab")
+    world, net = sim.world, sim.network
+
+    def cut_the_extension(effect: Any) -> None:
+        if type(effect) is steps.Fan and effect.script is EXTEND:
+            for node in sim.nodes[:3]:
+                net.partition(node, [b.proc], duration=1.0)
+
+    def b_done(plan: Any, error: BaseException | None) -> None:
+        assert error is None, f"b must win its wait: {error}"
+        lock = LockBase.granted(b.manager, plan)
+        sim.checker.acquired(b.proc, "r", lock.value, lock.validity, deadline_local=lock._deadline)
+
+    def a_acquired(lock: LockBase | None) -> None:
+        assert lock is not None, "a must get the lock in a quiet world"
+        step = steps.acquire(b.config, b.quorum, b.names, "r", None, True, 3.0, None)
+        b.run(_Tap(step, cut_the_extension), b_done)
+        world.after(0.2, _release, a, lock)  # b waits in BLPOP on every node by then
+
+    world.at(settled(LONG_TTL), _acquire, a, "r", a_acquired)
+    world.run_until(settled(LONG_TTL) + 5)
+    return sim
+
+
 CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
     "fencing written to a minority": (fence_written_to_a_minority, ("fencing token on fewer than a quorum",)),
     "restarted node whose probe fails": (
@@ -618,6 +685,8 @@ CASES: dict[str, tuple[Callable[[int], Sim], tuple[str, ...]]] = {
         release_held_up_between_its_writes, ("release debt paid while its round runs",),
     ),
     "data set replaced behind open connections": (data_set_replaced_behind_open_connections, ("data set unchecked",)),
+    "waiter frozen in line": (waiter_frozen_in_line, ("grant in line with the full ttl",)),
+    "winner whose extension is lost": (winner_whose_extension_is_lost, ("validity of a grant in line from the full ttl",)),
 }
 
 

@@ -189,7 +189,7 @@ class SimClient:
                 then(None, error)
                 return
             plan = result
-            lock = LockBase(self.manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place)
+            lock = LockBase.granted(self.manager, plan)
             self.acquired += 1
             self.holding[lock.value] = (lock, watch.call)
             checker.acquired(self.proc, lock.resources, lock.value, lock.validity, deadline_local=lock._deadline,

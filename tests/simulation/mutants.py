@@ -21,7 +21,7 @@ from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
 from .redis_model import SimNode
-from .run import Outcome, contend, default_faults, resync_faults, simulate
+from .run import Outcome, contend, default_faults, provisional, resync_faults, simulate
 
 __all__ = ["MUTANTS", "hunt"]
 
@@ -359,6 +359,28 @@ def debt_paid_while_its_round_runs() -> Any:
     return _patch(ledger.Debt, "held", lambda self: False)
 
 
+def grant_in_line_with_the_full_ttl() -> Any:
+    """A vote in line sets the keys for the whole ttl: a waiter frozen in line holds it that long."""
+    return _patch(base, "PROVISIONAL_TTL", float("inf"))
+
+
+@contextmanager
+def provisional_validity_ignored() -> Iterator[None]:
+    """A lock won in line is judged as if its keys were set for the whole ttl, not the provisional
+    one: an extension that did not reach a quorum leaves the validity overstated."""
+    real = base.Attempts.won
+
+    def won(self: Any, results: Any, started: float, quorum: int, now: float) -> bool:
+        granted, self.granted_ttl = self.granted_ttl, self.ttl
+        try:
+            return bool(real(self, results, started, quorum, now))
+        finally:
+            self.granted_ttl = granted
+
+    with _patch(base.Attempts, "won", won):
+        yield
+
+
 #: Only a process of the real AsyncLockManager (and the clients driving the core's steps).
 ASYNC_CALLERS: dict[str, Any] = {"managers": 0, "async_managers": 1}
 
@@ -428,6 +450,10 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     # Needs a node's data set replaced under open connections while a lock is held: resyncs among the
     # faults, no respawned clients (their first contact with a resynced node could not tell).
     "data set unchecked": (data_set_unchecked, {"faults": resync_faults}),
+    # A waiter frozen in line, granted and never reading it; an extension cut off: scripted cases.
+    "grant in line with the full ttl": (grant_in_line_with_the_full_ttl, {}),
+    # Random seeds need a ttl above the provisional one (the usual runs' 1 s is not).
+    "validity of a grant in line from the full ttl": (provisional_validity_ignored, {"scenario": provisional}),
 }
 
 

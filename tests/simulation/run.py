@@ -233,6 +233,18 @@ def resync_faults() -> FaultConfig:
     return config
 
 
+#: A ttl above the provisional ttl of a grant in line (1 s, the usual runs' ttl): see :func:`provisional`.
+LONG_TTL = 3.0
+
+
+def provisional(seed: int, **options: Any) -> Outcome:
+    """Random faults with a ttl of :data:`LONG_TTL`: every lock won in line is granted provisionally and
+    extended by its winner. Progress after the heal may wait out the longest hold (a watchdog's, 2.5 ttls)."""
+    faults = default_faults()
+    faults.progress_within += 2.5 * LONG_TTL
+    return simulate(seed, faults=faults, ttl=LONG_TTL, **options)
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
 
