@@ -138,10 +138,13 @@ def boom_job(self: Any, name: str, tag: str) -> str:
 @app.task(bind=True, acks_late=True, max_retries=3)
 @redlock_task("job-{name}", ttl=2, when_locked="fail")
 def self_retry_job(self: Any, name: str, tag: str) -> str:
-    """Retries itself once while holding the lock: the retry finds the lock free only if it was released."""
+    """Retries itself once while holding the lock: the retry finds the lock free only if it was released.
+
+    The retry is sent from inside the body, before the release: it is due 0.5 s later (well inside the
+    lock's 2 s ttl), so that a busy worker's other thread cannot take it up before the release ran."""
     work(tag, False)
     if self.request.retries == 0:
-        raise self.retry(countdown=0)
+        raise self.retry(countdown=0.5)
     return f"done {tag}"
 
 
