@@ -151,7 +151,7 @@ def _locked_response_errors(value: Any) -> list[Any]:
 
     name = "REDLOCK['LOCKED_RESPONSE']"
     try:
-        locked_handler(None)
+        locked_handler(value)
     except ImproperlyConfigured as exc:
         text = str(exc)
         if text.startswith("on_locked "):  # the runtime's words for a view's argument: name the setting
@@ -165,19 +165,11 @@ def _locked_response_errors(value: Any) -> list[Any]:
     return [Error(text, hint=Hints.LOCKED_RESPONSE, id=Codes.OPTIONS)]
 
 
-def _hooks_errors() -> list[Any]:
+def _hooks_errors(entries: Any) -> list[Any]:
     """REDLOCK['HOOKS'] resolved as the managers resolve it: each entry imports and is a Hooks."""
-    from django_redlock.manager import configured_hooks
+    from django_redlock.manager import hooks_problems
 
-    try:
-        configured_hooks()
-    except ImproperlyConfigured as exc:
-        text = str(exc)
-    except Exception as exc:  # noqa: BLE001 - a module that raised while importing: report it, do not crash check
-        text = f"REDLOCK['HOOKS'] cannot be imported: {type(exc).__name__}: {exc}"
-    else:
-        return []
-    return [Error(text, hint="Fix REDLOCK['HOOKS'].", id=Codes.OPTIONS)]
+    return [Error(text, hint="Fix REDLOCK['HOOKS'].", id=Codes.OPTIONS) for text in hooks_problems(entries)]
 
 
 def _server(node: Any) -> str:
@@ -211,9 +203,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Validate REDLOCK and REDLOCK_NODES and the shape of the topology (no I/O); every problem at once."""
     problems = conf.config_problems()
     errors: list[Any] = [Error(problem, hint="Fix the REDLOCK setting.", id=Codes.OPTIONS) for problem in problems]
+    config = conf.overlaid() or {}
     if not problems:
-        config = conf.get_config()
-        errors += _max_ttl_errors(config) + _locked_response_errors(config["LOCKED_RESPONSE"]) + _hooks_errors()
+        errors += _max_ttl_errors(config)
+    if config:  # imported whatever else is wrong: every problem at once
+        errors += _locked_response_errors(config["LOCKED_RESPONSE"]) + _hooks_errors(config["HOOKS"])
     nodes, node_errors = _node_errors()
     errors += node_errors
     if node_errors or problems:

@@ -58,9 +58,10 @@ ENGINE_KEYS = {
 
 # The Django layer's own keys, checked by the engine's rule for the argument they become.
 LAYER_KEYS = {"COMMAND_TTL": "ttl"}  # a command's lock ttl
-#: Setting names people type for ours.
-MISSPELT = {
-    "REDLOCK_NODE": "REDLOCK_NODES",
+#: The settings this app reads.
+NAMES = ("REDLOCK", "REDLOCK_NODES")
+#: Setting names people type for ours that are too far from them for difflib.
+SYNONYMS = {
     "REDLOCK_SERVERS": "REDLOCK_NODES",
     "REDLOCK_MASTERS": "REDLOCK_NODES",
     "REDLOCK_CONFIG": "REDLOCK",
@@ -69,21 +70,45 @@ MISSPELT = {
 }
 
 
+def misspelt_settings() -> dict[str, str]:
+    """Top-level settings that look like ours but are not one, each with what it probably meant."""
+    found = {}
+    for name in dir(settings):
+        if name in NAMES or not name.isupper():
+            continue
+        close = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.82)
+        key = difflib.get_close_matches(name[len("REDLOCK_"):], DEFAULTS, n=1, cutoff=0.8)
+        if name in SYNONYMS:
+            found[name] = SYNONYMS[name]
+        elif close:
+            found[name] = close[0]
+        elif name.startswith("REDLOCK_") and key:  # REDLOCK_TTL for REDLOCK = {"TTL": ...}
+            found[name] = f"REDLOCK[{key[0]!r}]"
+        elif name.startswith("REDLOCK"):
+            found[name] = " or ".join(NAMES)
+    return found
+
+
 @lru_cache(maxsize=1)
 def get_config() -> dict[str, Any]:
     """``DEFAULTS`` overlaid with ``settings.REDLOCK``; raises naming every problem at once."""
     problems = config_problems()
     if problems:
         raise ImproperlyConfigured(" ".join(problems))
-    return {**DEFAULTS, **(getattr(settings, "REDLOCK", None) or {})}
+    return overlaid() or {}
+
+
+def overlaid() -> dict[str, Any] | None:
+    """``DEFAULTS`` overlaid with ``settings.REDLOCK`` as written, unchecked; None when that is not a dict."""
+    user = getattr(settings, "REDLOCK", None) or {}
+    return {**DEFAULTS, **user} if isinstance(user, Mapping) else None
 
 
 def config_problems() -> list[str]:
     """Every problem with ``settings.REDLOCK`` (and a misspelt setting name), one message each."""
     problems = [
         f"settings.{name} is not a django-redlock setting; did you mean {meant}?"
-        for name, meant in MISSPELT.items()
-        if hasattr(settings, name)
+        for name, meant in misspelt_settings().items()
     ]
     user = getattr(settings, "REDLOCK", None) or {}
     if not isinstance(user, Mapping):
@@ -126,8 +151,8 @@ def node_entries() -> list[Any]:
     """``REDLOCK_NODES`` as written, once it is a non-empty list."""
     nodes = getattr(settings, "REDLOCK_NODES", None)
     if nodes is None:
-        typo = next((f" (settings.{n} is set: rename it)" for n, m in MISSPELT.items() if m == "REDLOCK_NODES"
-                     and hasattr(settings, n)), "")
+        typo = next((f" (settings.{n} is set: rename it)" for n, m in misspelt_settings().items()
+                     if m == "REDLOCK_NODES"), "")
         raise ImproperlyConfigured(
             f"REDLOCK_NODES is not set{typo}. List your independent Redis masters, e.g. "
             "REDLOCK_NODES = ['redis://redis-a:6379/0', 'redis://redis-b:6379/0', 'redis://redis-c:6379/0']."
@@ -142,15 +167,52 @@ def node_entries() -> list[Any]:
 
 
 def resolve_node(node: Any, index: int) -> Any:
-    """One ``REDLOCK_NODES`` entry: a URL or dict as it is, ``cache:<alias>`` as that cache's client."""
-    if isinstance(node, str) and node.startswith("cache:"):
-        return cache_client(node[len("cache:") :], index)
-    if isinstance(node, (str, Mapping)):
-        return node
+    """One ``REDLOCK_NODES`` entry: a URL or dict as it is, ``cache:<alias>`` (alone, or as a dict's
+    ``URL``: ``{"URL": "cache:<alias>", "FSYNC_ALWAYS": True}``) as that cache's client."""
+    where = f"REDLOCK_NODES[{index}]"
+    if isinstance(node, str):
+        alias = cache_alias(node, where)
+        return node if alias is None else cache_client(alias, index)
+    if isinstance(node, Mapping):
+        url = node.get("URL")
+        alias = cache_alias(url, where) if isinstance(url, str) else None
+        if alias is None:
+            return node
+        if node.get("OPTIONS"):
+            raise ImproperlyConfigured(
+                f"{where} has 'URL': 'cache:{alias}' and 'OPTIONS'; a cache node connects as the cache does: "
+                f"set connection options in CACHES[{alias!r}]['OPTIONS'] (or give a Redis URL with 'OPTIONS')."
+            )
+        return {**node, "URL": cache_client(alias, index)}
     raise ImproperlyConfigured(
-        f"REDLOCK_NODES[{index}] must be a Redis URL, a dict with 'URL' (and 'OPTIONS'), or 'cache:<alias>'; "
+        f"{where} must be a Redis URL, a dict with 'URL' (and 'OPTIONS'), or 'cache:<alias>'; "
         f"got {type(node).__name__}."
     )
+
+
+def cache_alias(text: str, where: str) -> str | None:
+    """The alias ``cache:<alias>`` names, None for a URL; a near miss (``cahce:x``, ``Cache:x``, a
+    bare alias) is refused with the entry it probably meant."""
+    head, colon, alias = text.partition(":")
+    if "@" in text:  # a URL with credentials (a user named 'cache' too): nothing of it is shown
+        return None
+    if not colon:
+        if text in getattr(settings, "CACHES", {}):
+            raise ImproperlyConfigured(f"{where} is {text!r}, a CACHES alias; did you mean 'cache:{text}'?")
+        return None
+    if not difflib.get_close_matches(head.lower(), ["cache"], n=1, cutoff=0.75):
+        return None
+    if head == "cache" and not alias.startswith("/"):
+        return alias
+    meant, known = _aliases(alias.lstrip("/"))
+    raise ImproperlyConfigured(f"{where} is {text!r}; did you mean 'cache:{meant}'? (CACHES aliases: {known})")
+
+
+def _aliases(alias: str) -> tuple[str, str]:
+    """The CACHES alias ``alias`` probably meant (itself when it is one), and every alias, for a message."""
+    caches = [str(name) for name in getattr(settings, "CACHES", {})]
+    close = [alias] if alias in caches else difflib.get_close_matches(alias, caches, n=1)
+    return (close[0] if close else alias), ", ".join(repr(name) for name in sorted(caches)) or "none"
 
 
 def cache_client(alias: str, index: int) -> Any:
@@ -158,9 +220,10 @@ def cache_client(alias: str, index: int) -> Any:
     own RedisCache, django-redis, or django-valkey (sync or asyncio)."""
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
+        meant, known = _aliases(alias)
+        guess = f"; did you mean 'cache:{meant}'?" if meant != alias else ""
         raise ImproperlyConfigured(
-            f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r} "
-            f"(known: {', '.join(sorted(caches)) or 'none'})."
+            f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r}{guess} (CACHES aliases: {known})."
         )
     import inspect
 

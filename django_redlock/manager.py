@@ -65,12 +65,33 @@ def configured_hooks() -> list[Hooks]:
     """The hooks ``REDLOCK['HOOKS']`` lists, each a dotted path to a
     :class:`~django_redlock.core.Hooks` subclass (made with no arguments) or instance, or an instance."""
     entries = conf.get_config()["HOOKS"]
+    _hooks_list(entries)
+    return [_hooks_of(entry, i) for i, entry in enumerate(entries)]
+
+
+def hooks_problems(entries: Any) -> list[str]:
+    """Every reason ``REDLOCK['HOOKS']`` = ``entries`` cannot be used, one per entry (for the checks)."""
+    try:
+        _hooks_list(entries)
+    except ImproperlyConfigured as exc:
+        return [str(exc)]
+    problems = []
+    for i, entry in enumerate(entries):
+        try:
+            _hooks_of(entry, i)
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - its module raised while importing: report it, do not crash
+            problems.append(f"REDLOCK['HOOKS'][{i}] = {entry!r} cannot be imported: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _hooks_list(entries: Any) -> None:
     if isinstance(entries, (str, bytes, Hooks)) or not isinstance(entries, (list, tuple)):
         raise ImproperlyConfigured(
             "REDLOCK['HOOKS'] must be a list of dotted paths to Hooks subclasses or instances, e.g. "
             f"['django_redlock.metrics.PrometheusHooks']; got {type(entries).__name__}."
         )
-    return [_hooks_of(entry, i) for i, entry in enumerate(entries)]
 
 
 def _hooks_of(entry: Any, index: int) -> Hooks:

@@ -1,15 +1,16 @@
 """What a node is, before any connection: its settings, its name, and how its failures read.
 
-Node specs (a URL, a redis-py or valkey-py client, or ``{"URL", "OPTIONS", "FSYNC_ALWAYS"}``)
-become a :class:`NodeConfig`: redis-py connection settings built with the node
-timeout as socket timeout, no retries and no handshake round trips that are
-not needed, with credentials kept out of every message. Both drivers build on
+Node specs (a URL, a redis-py or valkey-py client, or ``{"URL", "OPTIONS", "FSYNC_ALWAYS"}``
+whose ``URL`` is a URL or a client) become a :class:`NodeConfig`: redis-py connection settings
+built with the node timeout as socket timeout, no retries and no handshake round trips that
+are not needed, with credentials kept out of every message. Both drivers build on
 it (the sync :class:`~django_redlock.core.nodes.Node`, the asyncio
 :class:`~django_redlock.core.anodes.AsyncNode`).
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import re
@@ -107,6 +108,9 @@ def _meant(url: str) -> str | None:
                 return None
             return f"{scheme}:///{_hide(rest)}" if scheme == "unix" else f"{scheme}://{_hide(rest)}"
     bare = _hide(url)
+    _, colon, port = bare.split("/", 1)[0].rsplit("@", 1)[-1].rpartition(":")
+    if colon and not port.isdigit():
+        return None  # 'word:word' is no host and port: no address to guess
     return f"redis://{bare}" + ("" if "/" in bare else "/0")
 
 
@@ -138,6 +142,11 @@ def _check_url(url: str, where: str) -> None:
 
     Messages are built outside ``except`` blocks: an exception chained to them (which a
     traceback prints) could hold the password."""
+    if url.lower().startswith("cache:") and "@" not in url:
+        raise ValueError(
+            f"{where}: {url!r} names a Django cache, which only REDLOCK_NODES in Django settings resolves; "
+            "give the engine a Redis URL or the cache's client."
+        )
     if "://" not in url and not url.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)):
         meant = _meant(url)
         guess = f"; did you mean {meant!r}?" if meant else "; expected redis://host:port/db, rediss:// or unix://."
@@ -364,38 +373,60 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
     """One node spec as ``make`` (a :class:`NodeConfig` class); an instance of it is taken as is."""
     if isinstance(spec, make):
         return spec
+    options: dict[str, Any] = {}
+    fsync_always = False
+    if isinstance(spec, Mapping):
+        spec, options, fsync_always = _entry(spec, where)
     if isinstance(spec, str):
-        return _from_url(spec, {}, node_timeout, where, make)
+        return _from_url(spec, options, node_timeout, where, make, fsync_always)
+    if options:  # with a client as 'URL'
+        raise ValueError(
+            f"{where}: 'OPTIONS' cannot go with a client as 'URL': the client's own connection settings are used."
+        )
     if isinstance(spec, redis.Redis):
         pool = spec.connection_pool
-        return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
+        return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
     if is_valkey_client(spec):
         connection_class, kwargs = valkey_settings(spec.connection_pool, where)
-        return make(connection_class, kwargs, node_timeout=node_timeout)
-    if isinstance(spec, Mapping):
-        lowered = {str(k).lower(): v for k, v in spec.items()}
-        unknown = set(lowered) - {"url", "options", "fsync_always"}
-        if unknown:
-            raise ValueError(
-                f"{where}: unknown key(s) {sorted(unknown)}; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'."
-            )
-        url = lowered.get("url")
-        options = lowered.get("options") or {}
-        fsync_always = lowered.get("fsync_always", False)
-        if not isinstance(url, str):
-            raise ValueError(f"{where}: 'URL' must be a Redis URL string.")
-        if not isinstance(options, Mapping):
-            raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
-        if not isinstance(fsync_always, bool):
-            raise ValueError(
-                f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
-                f"appendfsync always, so it may vote right after a restart); got {fsync_always!r}."
-            )
-        return _from_url(url, dict(options), node_timeout, where, make, fsync_always)
+        return make(connection_class, kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
     raise ValueError(
         f"{where}: expected a Redis URL string, a redis.Redis or valkey.Valkey client or a dict with 'URL'; "
         f"got {type(spec).__name__}."
     )
+
+
+#: The keys of a node dict, upper-case as in Django's DATABASES and CACHES.
+NODE_KEYS = ("URL", "OPTIONS", "FSYNC_ALWAYS")
+
+
+def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bool]:
+    """A node dict's address (a URL, or a client), ``OPTIONS`` and ``FSYNC_ALWAYS``, each checked."""
+    unknown = [key for key in spec if key not in NODE_KEYS]
+    if unknown:
+        raise ValueError(f"{where}: " + "; ".join(_unknown_key(key) for key in unknown))
+    url = spec.get("URL")
+    options = spec.get("OPTIONS") or {}
+    fsync_always = spec.get("FSYNC_ALWAYS", False)
+    if not (isinstance(url, str) or isinstance(url, redis.Redis) or is_valkey_client(url)):
+        got = "it is missing" if "URL" not in spec else f"got {type(url).__name__}"
+        raise ValueError(f"{where}: 'URL' must be a Redis URL string (or a redis-py or valkey-py client); {got}.")
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
+    if not isinstance(fsync_always, bool):
+        raise ValueError(
+            f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
+            f"appendfsync always, so it may vote right after a restart); got {fsync_always!r}."
+        )
+    return url, dict(options), fsync_always
+
+
+def _unknown_key(key: Any) -> str:
+    """An unknown node-dict key as written, with the key it probably meant."""
+    close = difflib.get_close_matches(str(key).upper(), NODE_KEYS, n=1, cutoff=0.6)
+    if not close:
+        return f"unknown key {key!r}; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'"
+    case = " (keys are upper-case)" if close[0] == str(key).upper() else ""
+    return f"unknown key {key!r}; did you mean {close[0]!r}?{case}"
 
 
 #: valkey-py's connection classes (sync and asyncio share the names) and redis-py's for the same server.
