@@ -156,3 +156,65 @@ def test_hooks_that_cannot_be_used_fail_check(settings, value, expected):
 def test_hooks_that_can_be_used_pass_check(settings):
     settings.REDLOCK = {"RESTART_WINDOW": 0, "HOOKS": ["django_redlock.core.Hooks"]}
     assert check_settings() == []
+
+
+def test_hooks_and_locked_response_are_reported_with_the_other_problems(settings, tmp_path, monkeypatch):
+    (tmp_path / "broken_hooks.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings.REDLOCK = {
+        "RETRY_COUNT": "3",
+        "HOOKS": ["broken_hooks.Hooks", "django_redlock.core.Hooks", "no.such.Hooks", 42],
+        "LOCKED_RESPONSE": "no.such.view",
+    }
+    messages = check_settings()
+    assert [m.id for m in messages] == [Codes.OPTIONS] * 5, messages
+    texts = [m.msg for m in messages]
+    assert texts[0].startswith("REDLOCK['RETRY_COUNT'] must ")
+    assert texts[1].startswith("REDLOCK['LOCKED_RESPONSE'] = 'no.such.view' cannot be imported")
+    assert texts[2] == "REDLOCK['HOOKS'][0] = 'broken_hooks.Hooks' cannot be imported: RuntimeError: boom at import"
+    assert texts[3].startswith("REDLOCK['HOOKS'][2] = 'no.such.Hooks' cannot be imported")
+    assert texts[4].startswith("REDLOCK['HOOKS'][3] must name a django_redlock.core.Hooks")
+
+
+def test_a_redlock_that_is_not_a_dict_is_reported_alone(settings):
+    settings.REDLOCK = ["TTL", 10]
+    assert [m.msg for m in check_settings()] == ["REDLOCK must be a dict of engine defaults; got list."]
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("REDLOCKS", "REDLOCK"),
+        ("REDLOK", "REDLOCK"),
+        ("RED_LOCK", "REDLOCK"),
+        ("REDLOCK_CONFIG", "REDLOCK"),
+        ("REDLOCK_NODE", "REDLOCK_NODES"),
+        ("REDLOCK_NODES_", "REDLOCK_NODES"),
+        ("REDLOCK_NODS", "REDLOCK_NODES"),
+        ("REDLOCK_SERVERS", "REDLOCK_NODES"),
+        ("REDLOCK_TTL", "REDLOCK['TTL']"),
+        ("REDLOCK_MAX_TTL", "REDLOCK['MAX_TTL']"),
+        ("REDLOCK_URLS", "REDLOCK or REDLOCK_NODES"),
+    ],
+)
+def test_a_setting_name_like_ours_is_named_with_the_one_meant(settings, name, meant):
+    setattr(settings, name, {"TTL": 10})
+    assert [(m.id, m.msg) for m in check_settings()] == [
+        (Codes.OPTIONS, f"settings.{name} is not a django-redlock setting; did you mean {meant}?")
+    ]
+    with pytest.raises(ImproperlyConfigured, match=f"settings.{name} is not a django-redlock setting"):
+        get_lock_manager()
+
+
+@pytest.mark.parametrize("name", ["DEADLOCK", "REDIS_URL", "CELERY_BROKER_URL", "LOCK_TIMEOUT", "REDIS_LOCKS_DB"])
+def test_other_settings_are_left_alone(settings, name):
+    setattr(settings, name, "x")
+    settings.REDLOCK = {"RESTART_WINDOW": 0}
+    assert check_settings() == []
+
+
+def test_a_misspelt_nodes_setting_is_named_when_nodes_are_missing(settings):
+    settings.REDLOCK_NODES_ = ["redis://127.0.0.1:6379/0"]
+    del settings.REDLOCK_NODES
+    with pytest.raises(ImproperlyConfigured, match=r"^REDLOCK_NODES is not set \(settings.REDLOCK_NODES_ is set"):
+        get_lock_manager()

@@ -106,3 +106,30 @@ def test_a_mistyped_scheme_gets_the_url_it_probably_meant(settings, url, meant):
     assert "s3cret-pw" not in messages[0]
     with pytest.raises(ImproperlyConfigured, match=re.escape(f"did you mean {meant!r}?")):
         get_lock_manager()
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"URL": "redis://127.0.0.1:7903/0", "OPTION": {"password": "s3cret-pw"}},
+         "REDLOCK_NODES[0]: unknown key 'OPTION'; did you mean 'OPTIONS'?"),
+        ({"URL": "redis://127.0.0.1:7903/0", "FSYNC_ALWAY": True},
+         "REDLOCK_NODES[0]: unknown key 'FSYNC_ALWAY'; did you mean 'FSYNC_ALWAYS'?"),
+        ({"url": "redis://:s3cret-pw@127.0.0.1:7903/0", "options": {}},
+         "REDLOCK_NODES[0]: unknown key 'url'; did you mean 'URL'? (keys are upper-case); "
+         "unknown key 'options'; did you mean 'OPTIONS'? (keys are upper-case)"),
+        ({"URL": "redis://127.0.0.1:7903/0", "Fsync_Always": True},
+         "REDLOCK_NODES[0]: unknown key 'Fsync_Always'; did you mean 'FSYNC_ALWAYS'? (keys are upper-case)"),
+        ({"URL": "redis://127.0.0.1:7903/0", "TIMEOUT": 1},
+         "REDLOCK_NODES[0]: unknown key 'TIMEOUT'; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'"),
+        ({"OPTIONS": {}}, "REDLOCK_NODES[0]: 'URL' must be a Redis URL string (or a redis-py or valkey-py client); "
+                          "it is missing."),
+    ],
+)
+def test_a_node_key_is_reported_as_written_with_the_key_meant(settings, entry, expected):
+    settings.REDLOCK_NODES = [entry]
+    messages = [m.msg for m in check_settings() if m.id == Codes.SETTINGS]
+    assert messages == [expected]
+    assert "s3cret-pw" not in messages[0]
+    with pytest.raises(ImproperlyConfigured, match=re.escape(expected)):
+        get_lock_manager()
