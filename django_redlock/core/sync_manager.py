@@ -187,7 +187,8 @@ class LockManager(ManagerBase):
 
     ``nodes`` are Redis URLs (``redis://``, ``rediss://``, ``unix://``),
     redis-py or valkey-py clients, or mappings ``{"URL": ..., "OPTIONS": {...},
-    "FSYNC_ALWAYS": bool}``; list each independent master once. Nothing
+    "FSYNC_ALWAYS": bool}`` (upper-case keys; ``URL`` a URL or a client, which
+    brings its own options); list each independent master once. Nothing
     connects until the first call, and a node that is down at start-up only
     counts as a failed vote. The keyword arguments (``REDLOCK`` keys in
     Django, see :doc:`configuration`):
