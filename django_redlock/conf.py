@@ -72,21 +72,23 @@ SYNONYMS = {
 
 def misspelt_settings() -> dict[str, str]:
     """Top-level settings that look like ours but are not one, each with what it probably meant."""
-    found = {}
-    for name in dir(settings):
-        if name in NAMES or not name.isupper():
-            continue
-        close = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.82)
-        key = difflib.get_close_matches(name[len("REDLOCK_"):], DEFAULTS, n=1, cutoff=0.8)
-        if name in SYNONYMS:
-            found[name] = SYNONYMS[name]
-        elif close:
-            found[name] = close[0]
-        elif name.startswith("REDLOCK_") and key:  # REDLOCK_TTL for REDLOCK = {"TTL": ...}
-            found[name] = f"REDLOCK[{key[0]!r}]"
-        elif name.startswith("REDLOCK"):
-            found[name] = " or ".join(NAMES)
-    return found
+    found = {name: meant_setting(name) for name in dir(settings) if name.isupper()}
+    return {name: meant for name, meant in found.items() if meant}
+
+
+def meant_setting(name: str) -> str | None:
+    """The setting (or ``REDLOCK`` key) a setting named ``name`` probably meant; None: not one of ours."""
+    if name in NAMES:
+        return None
+    if name in SYNONYMS:
+        return SYNONYMS[name]
+    close = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.82)
+    if close:
+        return close[0]
+    if not name.startswith("REDLOCK"):
+        return None
+    key = difflib.get_close_matches(name[len("REDLOCK_"):], DEFAULTS, n=1, cutoff=0.8)
+    return f"REDLOCK[{key[0]!r}]" if key else " or ".join(NAMES)  # REDLOCK_TTL for REDLOCK = {"TTL": ...}
 
 
 @lru_cache(maxsize=1)
@@ -281,5 +283,5 @@ SETTINGS = ("REDLOCK", "REDLOCK_NODES", "CACHES")
 
 @receiver(setting_changed)
 def _reset(setting: str, **kwargs: Any) -> None:
-    if setting in SETTINGS:
+    if setting in SETTINGS or meant_setting(setting):
         get_config.cache_clear()

@@ -197,3 +197,11 @@ def test_the_engine_takes_a_client_as_url_with_its_declaration(servers):
     with pytest.raises(ValueError, match=r"^nodes\[0\]: 'OPTIONS' cannot go with a client as 'URL'"):
         LockManager([{"URL": client, "OPTIONS": {"password": PASSWORD}}])
     client.close()
+
+
+def test_check_deploy_reads_the_declaration_of_a_cache_node(named):
+    from django_redlock.checks import check_nodes
+
+    named.REDLOCK_NODES = [{"URL": "cache:lock0", "FSYNC_ALWAYS": True}, "cache:lock1", "cache:lock2"]
+    found = [m for m in check_nodes() if m.id == Codes.NOT_FSYNCING]
+    assert len(found) == 1 and "is declared FSYNC_ALWAYS but runs appendonly no" in found[0].msg, found
