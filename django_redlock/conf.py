@@ -206,8 +206,17 @@ def cache_alias(text: str, where: str) -> str | None:
         return None
     if head == "cache" and not alias.startswith("/"):
         return alias
+    if head != "cache" and alias.split("/")[0].isdigit():
+        return None  # 'cacher:6379': a host and a port
     meant, known = _aliases(alias.lstrip("/"))
     raise ImproperlyConfigured(f"{where} is {text!r}; did you mean 'cache:{meant}'? (CACHES aliases: {known})")
+
+
+def _host_hint(alias: str) -> str:
+    """For ``cache:6379``: the URL it means if ``cache`` is a host's name, not a Django cache."""
+    if not alias.split("/")[0].isdigit():
+        return ""
+    return f"; for a Redis server at the host 'cache', write 'redis://cache:{alias}{'' if '/' in alias else '/0'}'"
 
 
 def _aliases(alias: str) -> tuple[str, str]:
@@ -225,7 +234,8 @@ def cache_client(alias: str, index: int) -> Any:
         meant, known = _aliases(alias)
         guess = f"; did you mean 'cache:{meant}'?" if meant != alias else ""
         raise ImproperlyConfigured(
-            f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r}{guess} (CACHES aliases: {known})."
+            f"REDLOCK_NODES[{index}] is 'cache:{alias}' but CACHES has no alias {alias!r}{guess} "
+            f"(CACHES aliases: {known}){_host_hint(alias)}."
         )
     import inspect
 

@@ -137,12 +137,15 @@ ALIASES = "(CACHES aliases: 'default', 'lock0', 'lock1', 'lock2')"
         ({"URL": "cache:nothing-like-it", "FSYNC_ALWAYS": True},
          f"REDLOCK_NODES[0] is 'cache:nothing-like-it' but CACHES has no alias 'nothing-like-it' {ALIASES}."),
         ("lock0", "REDLOCK_NODES[0] is 'lock0', a CACHES alias; did you mean 'cache:lock0'?"),
+        ("cache:6379", f"REDLOCK_NODES[0] is 'cache:6379' but CACHES has no alias '6379' {ALIASES}; for a Redis "
+                       "server at the host 'cache', write 'redis://cache:6379/0'."),
+        ("cacher:6379/1", "REDLOCK_NODES[0]: 'cacher:6379/1' has no scheme; did you mean 'redis://cacher:6379/1'?"),
     ],
 )
 def test_a_near_miss_names_the_alias_and_the_caches_that_exist(named, entry, expected):
     found = messages(named, entry)
     assert found == [expected]
-    assert "scheme" not in found[0]
+    assert "scheme" not in found[0] or not str(entry).startswith("cache:")
 
 
 def test_options_that_belong_to_the_cache_are_refused(named):
