@@ -39,6 +39,10 @@ BACKENDS = [
                  marks=pytest.mark.skipif(importlib.util.find_spec("django_redis") is None, reason="no django-redis")),
     pytest.param("django_valkey.cache.ValkeyCache", "valkey", id="django-valkey",
                  marks=pytest.mark.skipif(not _valkey_cache_loads(), reason="django-valkey not usable here")),
+    # Django closes the caches when a test's settings are undone; this backend's close() is a coroutine.
+    pytest.param("django_valkey.async_cache.cache.AsyncValkeyCache", "valkey", id="django-valkey-async",
+                 marks=[pytest.mark.skipif(not _valkey_cache_loads(), reason="django-valkey not usable here"),
+                        pytest.mark.filterwarnings("ignore:coroutine 'AsyncBackendCommands.close':RuntimeWarning")]),
 ]
 PASSWORD = "cache-Pa55word-n0t-for-output"
 
