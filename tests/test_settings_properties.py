@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from django_redlock import conf
@@ -90,3 +90,31 @@ def test_a_url_option_redis_py_refuses_names_the_entry():
     with pytest.raises(ValueError, match=r"^nodes\[0\]: node .*invalid connection options") as info:
         parse_nodes(["redis://:s3cret-value@0?=0"], 0.05)
     assert "s3cret-value" not in str(info.value)
+
+
+NODE_KEYS = st.one_of(st.sampled_from(["URL", "OPTIONS", "FSYNC_ALWAYS", "url", "Options", "OPTION"]),
+                      st.text(max_size=12), st.integers())
+NODE_VALUES = st.one_of(VALUES, st.just("redis://:{secret}@127.0.0.1:1/0"), st.just({"password": "{secret}"}),
+                        st.just("cache:lock0"))
+
+
+@settings(max_examples=300, deadline=None)
+@example(entry={"URL": "redis://127.0.0.1:1/0", "FSYNC_ALWAYS": "redis://:{secret}@127.0.0.1:1/0"},
+         secret="abcdefghXYZ0123")  # a URL pasted into the wrong key
+@example(entry={"URL": "redis://127.0.0.1:1/0", "FSYNC_ALWAYS": {"password": "{secret}"}}, secret="abcdefghXYZ0123")
+@given(entry=st.dictionaries(NODE_KEYS, NODE_VALUES, max_size=4),
+       secret=st.text(alphabet="abcdefghXYZ0123456789", min_size=12, max_size=16))
+def test_node_dicts_parse_or_fail_by_name_without_leaking(entry, secret):
+    def fill(value):
+        if isinstance(value, str):
+            return value.replace("{secret}", secret)
+        return {"password": secret} if isinstance(value, dict) else value
+
+    entry = {key: fill(value) for key, value in entry.items()}
+    assume(not any(secret in str(key) for key in entry))
+    try:
+        nodes = parse_nodes([entry], 0.05)
+    except ValueError as exc:
+        assert str(exc).startswith("nodes[0]: ") and secret not in str(exc)
+    else:
+        assert set(entry) <= {"URL", "OPTIONS", "FSYNC_ALWAYS"} and secret not in repr(nodes[0])

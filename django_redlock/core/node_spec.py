@@ -397,6 +397,7 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
 
 #: The keys of a node dict, upper-case as in Django's DATABASES and CACHES.
 NODE_KEYS = ("URL", "OPTIONS", "FSYNC_ALWAYS")
+_YES_NO = {"yes", "no", "true", "false", "on", "off", "1", "0", "always", "never", ""}
 
 
 def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bool]:
@@ -413,9 +414,14 @@ def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bo
     if not isinstance(options, Mapping):
         raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
     if not isinstance(fsync_always, bool):
+        # A number or a word for yes or no is shown; else the type: it may be a URL or a password in the wrong key.
+        plain = fsync_always is None or isinstance(fsync_always, (int, float)) or (
+            isinstance(fsync_always, str) and fsync_always.lower() in _YES_NO
+        )
         raise ValueError(
             f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
-            f"appendfsync always, so it may vote right after a restart); got {fsync_always!r}."
+            f"appendfsync always, so it may vote right after a restart); "
+            f"got {repr(fsync_always) if plain else 'a ' + type(fsync_always).__name__}."
         )
     return url, dict(options), fsync_always
 
