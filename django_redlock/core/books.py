@@ -413,6 +413,8 @@ class NodeBooks(Generic[C]):
         if not restart.replication and restart.run_id and not self.replication_warned:
             self.replication_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NO_REPLICATION)
+        if restart.reports_fsync is None and self.history.tell_config_refused():
+            logger.info("Node %s: %s.", self.name, ledger.CONFIG_REFUSED)
         if self.fsync_always and restart.reports_fsync is False and not self.fsync_warned:
             self.fsync_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NOT_FSYNCING)
