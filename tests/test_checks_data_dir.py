@@ -1,0 +1,87 @@
+"""``check --deploy`` and nodes on one host that share a data directory (W013): a restarted node
+there loads another node's data, and one declared FSYNC_ALWAYS votes with it at once."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from django_redlock.checks import Codes, check_nodes
+from django_redlock.testing import RedisServer
+
+DURABLE = ["--appendonly", "yes", "--appendfsync", "always"]
+
+
+@pytest.fixture
+def started():
+    """Start servers with ``started(**kwargs)``; all stopped at the end."""
+    servers: list[RedisServer] = []
+
+    def start(**kwargs):
+        servers.append(RedisServer(**kwargs).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def name(server):
+    return f"127.0.0.1:{server.port}/0"
+
+
+def shared_dir_warnings(settings, nodes):
+    settings.REDLOCK_NODES = [{"URL": node.url, "FSYNC_ALWAYS": True} for node in nodes]
+    return [m for m in check_nodes() if m.id == Codes.SHARED_DIR]
+
+
+def test_three_local_masters_started_from_one_directory(settings, started, tmp_path):
+    """The recipe without --dir: the nodes share appendonlydir; one of them restarted holds the
+    other's keys. The deploy check names the two that share it, and not the one with its own."""
+    a = started(workdir=str(tmp_path), extra_args=DURABLE)
+    b = started(workdir=str(tmp_path), extra_args=DURABLE)
+    own = started(extra_args=DURABLE)
+    with redis.Redis(port=a.port, socket_timeout=5) as client:
+        client.set("only-on-a", "1")
+    b.kill()
+    b.start()
+    with redis.Redis(port=b.port, socket_timeout=5) as client:
+        assert client.get("only-on-a") == b"1"  # why it matters: b came back with a's data
+    [warning] = shared_dir_warnings(settings, [a, b, own])
+    assert not warning.is_serious()
+    assert f"{name(a)}, {name(b)} on localhost share the data directory {tmp_path}" in warning.msg
+    assert name(own) not in warning.msg
+    assert "--dir" in warning.hint
+
+
+def test_one_directory_per_node_is_not_warned(settings, started, tmp_path):
+    nodes = []
+    for i in range(3):
+        (tmp_path / str(i)).mkdir()
+        nodes.append(started(workdir=str(tmp_path / str(i)), extra_args=DURABLE))
+    assert shared_dir_warnings(settings, nodes) == []
+
+
+def test_nodes_without_append_only_files_share_their_dump(settings, started, tmp_path):
+    """appendonly no: a node loads dbfilename at start, so two with the same one in one directory
+    share data; other file names in the same directory do not."""
+    a = started(workdir=str(tmp_path))
+    b = started(workdir=str(tmp_path))
+    [warning] = shared_dir_warnings(settings, [a, b])
+    assert name(a) in warning.msg and name(b) in warning.msg
+    c = started(workdir=str(tmp_path), extra_args=["--dbfilename", "c.rdb"])
+    d = started(workdir=str(tmp_path), extra_args=["--dbfilename", "d.rdb"])
+    assert shared_dir_warnings(settings, [c, d]) == []
+
+
+def test_where_config_is_refused_it_says_it_could_not_tell(settings, started, tmp_path):
+    """A node on the host whose lock user may not run CONFIG: no W013 guessed, and the one note
+    about CONFIG says the shared directory could not be checked."""
+    a = started(workdir=str(tmp_path), extra_args=DURABLE)
+    b = started(workdir=str(tmp_path), extra_args=[*DURABLE, "--rename-command", "CONFIG", ""])
+    settings.REDLOCK_NODES = [{"URL": node.url, "FSYNC_ALWAYS": True} for node in (a, b)]
+    messages = check_nodes()
+    assert Codes.SHARED_DIR not in [m.id for m in messages]
+    [note] = [m for m in messages if m.id == Codes.CONFIG_REFUSED]
+    assert name(b) in note.msg and name(a) not in note.msg
+    assert "whether a node shares its data directory with another on its host could not be checked" in note.msg
