@@ -3,11 +3,16 @@ there loads another node's data, and one declared FSYNC_ALWAYS votes with it at 
 
 from __future__ import annotations
 
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
 import pytest
 import redis
 
-from django_redlock.checks import Codes, check_nodes
-from django_redlock.testing import RedisServer
+from django_redlock.checks import Codes, check_nodes, check_votes
+from django_redlock.testing import RedisServer, free_port
 
 DURABLE = ["--appendonly", "yes", "--appendfsync", "always"]
 
@@ -85,3 +90,45 @@ def test_where_config_is_refused_it_says_it_could_not_tell(settings, started, tm
     [note] = [m for m in messages if m.id == Codes.CONFIG_REFUSED]
     assert name(b) in note.msg and name(a) not in note.msg
     assert "whether a node shares its data directory with another on its host could not be checked" in note.msg
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.rst")), *sorted((ROOT / "example_project").rglob("*.py")),
+           *sorted((ROOT / "scripts").glob("*")), *sorted((ROOT / "benchmarks").glob("*.md"))]
+
+
+def test_every_recipe_starts_each_node_in_its_own_directory():
+    commands = [
+        (path.name, line.strip())
+        for path in RECIPES
+        if path.is_file() and path.name != "changelog.rst"
+        for line in path.read_text().splitlines()
+        if re.search(r"redis-server .*--appendonly", line)
+    ]
+    assert len(commands) >= 3  # README, install, checks
+    assert [c for c in commands if "--dir" not in c[1]] == []
+
+
+def test_the_install_recipe_starts_nodes_that_share_nothing(settings, tmp_path):
+    """docs/install.rst's loop, run for real (on free ports, under tmp_path): three directories, no
+    W013, and declared FSYNC_ALWAYS the fresh nodes vote at once."""
+    text = (ROOT / "docs" / "install.rst").read_text()
+    recipe = next(b for b in re.findall(r"\.\. code-block:: sh\n\n((?:    .*\n)+)", text) if "for port in" in b)
+    ports = [free_port() for _ in range(3)]
+    script = textwrap.dedent(recipe).replace("7900 7901 7902", " ".join(map(str, ports)))
+    script = script.replace("/tmp/redlock", str(tmp_path))
+    assert "--dir" in script and str(tmp_path) in script
+    try:
+        subprocess.run(["bash", "-e", "-c", script], check=True, timeout=60, cwd=tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(map(str, ports))
+        settings.REDLOCK_NODES = [{"URL": f"redis://127.0.0.1:{port}/0", "FSYNC_ALWAYS": True} for port in ports]
+        settings.REDLOCK = {"NODE_TIMEOUT": 0.5}  # the default restart window: declared nodes vote at once
+        assert Codes.SHARED_DIR not in [m.id for m in check_nodes()]
+        assert check_votes() == []
+    finally:
+        for port in ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=5) as client:
+                    client.shutdown(nosave=True)
+            except redis.ConnectionError:
+                pass  # stopped (shutdown closes the connection), or never started

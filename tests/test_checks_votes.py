@@ -233,11 +233,14 @@ def test_readme_quickstart_way_out_works(settings, servers):
     quickstart = readme_quickstart()
     after_nodes = quickstart.split("REDLOCK_NODES = ", 1)[1]
     assert "sits out" in after_nodes.split("\n\n")[0] and "MAX_TTL (60 s" in quickstart
-    command = re.search(r"#\s+(redis-server [^\n]*)", after_nodes).group(1).split()
-    assert command[1:] == ["--appendonly", "yes", "--appendfsync", "always"]
+    command = re.search(r"#\s+mkdir -p (\S+) && (redis-server [^\n]*)", after_nodes)
+    folder, command = command.group(1), command.group(2).split()
+    assert command[command.index("--dir") + 1] == folder  # each node its own directory
+    options = command[command.index("--appendonly"):]
+    assert options == ["--appendonly", "yes", "--appendfsync", "always"]
     declaration = re.search(r'(\{"URL": [^}]*\})', after_nodes).group(1)
     for_tests = ast.literal_eval(re.search(r"REDLOCK = (\{[^}]*\})", after_nodes).group(1))
-    with RedisServers(3, extra_args=command[1:]) as fresh_nodes:
+    with RedisServers(3, extra_args=options) as fresh_nodes:
         settings.REDLOCK = DEFAULT_WINDOW
         settings.REDLOCK_NODES = fresh_nodes.urls
         assert [m.id for m in check_votes()] == [Codes.SITS_OUT]  # started fresh: they sit out
