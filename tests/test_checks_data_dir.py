@@ -92,6 +92,16 @@ def test_where_config_is_refused_it_says_it_could_not_tell(settings, started, tm
     assert "whether a node shares its data directory with another on its host could not be checked" in note.msg
 
 
+def test_config_refused_everywhere_is_one_note(settings, started):
+    nodes = [started(extra_args=["--rename-command", "CONFIG", ""]) for _ in range(3)]
+    settings.REDLOCK_NODES = [node.url for node in nodes]
+    messages = check_nodes()
+    notes = [m for m in messages if m.id == Codes.CONFIG_REFUSED]
+    assert len(notes) == 1 and not notes[0].is_serious() and notes[0].level < 30  # informational
+    assert all(name(node) in notes[0].msg for node in nodes)
+    assert {m.id for m in messages} == {Codes.CONFIG_REFUSED, Codes.SAME_HOST}  # nothing guessed, nothing failed
+
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.rst")), *sorted((ROOT / "example_project").rglob("*.py")),
            *sorted((ROOT / "scripts").glob("*")), *sorted((ROOT / "benchmarks").glob("*.md"))]

@@ -22,6 +22,7 @@ from django_redlock.exceptions import LockNotAcquired
 from django_redlock.testing import RedisServer
 from tests.conftest import eventually
 from tests.proxy import Proxy
+from tests.test_restart_and_failover import Failover, _try
 from tests.test_restart_guard import wait_until_old
 
 WINDOW = 2.0
@@ -32,35 +33,22 @@ DENIED = {
 }
 
 
-class Managed:
-    """A master and its replica behind one address (a proxy); replication runs through another proxy
-    that can hold it (asynchronous replication falling behind). CONFIG is denied on both."""
+class Managed(Failover):
+    """A master and its replica behind one address, as :class:`Failover`, with CONFIG denied on both."""
 
     def __init__(self, args: list[str], userinfo: str) -> None:
         self.master = RedisServer(extra_args=args).start()
         self.replica = RedisServer(extra_args=args).start()
         self.stream = Proxy(self.master.port).start()
         self.address = Proxy(self.master.port).start()
-        self.url = self.address.url_with(userinfo) if userinfo else self.address.url
+        self.userinfo = userinfo
         with redis.Redis(port=self.replica.port, socket_timeout=5) as replica:
             replica.replicaof("127.0.0.1", self.stream.port)
             eventually(lambda: replica.info("replication").get("master_link_status") == "up", 10)
 
-    def fall_behind(self) -> None:
-        self.stream.hold_replies()  # the master's writes stop reaching the replica
-
-    def promote(self) -> None:
-        """The replica becomes the master behind the address; the old master dies with its connections."""
-        with redis.Redis(port=self.replica.port, socket_timeout=5) as replica:
-            replica.replicaof("NO", "ONE")
-        self.address.upstream = ("127.0.0.1", self.replica.port)
-        self.master.kill()
-
-    def close(self) -> None:
-        self.address.close()
-        self.stream.close()
-        self.master.stop()
-        self.replica.stop()
+    @property
+    def url(self) -> str:
+        return self.address.url_with(self.userinfo) if self.userinfo else self.address.url
 
 
 @pytest.fixture(params=sorted(DENIED))
@@ -105,13 +93,6 @@ def test_a_failover_that_loses_the_key_fails_closed_where_redis_py_grants_twice(
         second.close()
 
 
-def _try(manager, resource):
-    try:
-        return manager.acquire(resource, blocking=False)
-    except LockNotAcquired:
-        return None
-
-
 def status_output(*args):
     out = StringIO()
     call_command("redlock", "status", *args, stdout=out, stderr=StringIO())
@@ -144,6 +125,11 @@ def test_every_path_works_without_config_and_says_so_once(settings, managed, cap
         get_lock_manager().acquire("job").release()
     with engine(managed.url) as other:
         other.acquire("job").release()
+    # The other redlock commands do not need CONFIG either.
+    with get_lock_manager().lock("held"):
+        listed = StringIO()
+        call_command("redlock", "list", stdout=listed)
+        assert "held" in listed.getvalue()
     said = [r for r in caplog.records if ledger.CONFIG_REFUSED in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.INFO and PASSWORD not in said[0].getMessage()
     # Declared FSYNC_ALWAYS: CONFIG cannot confirm it, and status does not claim otherwise.
