@@ -377,17 +377,17 @@ def _host(node: Any) -> str:
 def _data_files(config: Mapping[str, str | None]) -> tuple[tuple[str, ...], set[tuple[str, ...]]] | None:
     """The file a node loads when it starts, and the files it writes, as (kind, dir, name); None
     when its CONFIG could not be read."""
-    folder = config["dir"]
-    if folder is None or config["dbfilename"] is None or config["appendonly"] is None:
+    folder, dump, appendonly = config.get("dir"), config.get("dbfilename"), config.get("appendonly")
+    if folder is None or dump is None or appendonly is None:
         return None
-    rdb = ("rdb", folder, config["dbfilename"])
-    if config["appendonly"] != "yes":
+    rdb = ("rdb", folder, dump)
+    if appendonly != "yes":
         return rdb, {rdb}
-    aof = ("aof", folder, config["appenddirname"] or config["appendfilename"] or "")
+    aof = ("aof", folder, config.get("appenddirname") or config.get("appendfilename") or "")
     return aof, {rdb, aof}
 
 
-def _shared_dirs(nodes: list[Any], configs: list[dict[str, str | None]], same: set[str]) -> list[Any]:
+def _shared_dirs(nodes: list[Any], configs: list[Mapping[str, str | None]], same: set[str]) -> list[Any]:
     """W013: nodes on one host of which one would load, after a restart, files another writes.
     ``same``: names of nodes that are one server listed twice (W006 says so)."""
     files = {n.name: _data_files(c) for n, c in zip(nodes, configs) if n.name not in same}
@@ -401,7 +401,7 @@ def _shared_dirs(nodes: list[Any], configs: list[dict[str, str | None]], same: s
             if other is node or theirs is None or _host(other) != _host(node):
                 continue
             if mine[0] in theirs[1] or theirs[0] in mine[1]:
-                names = groups.setdefault((_host(node), str(config["dir"])), [])
+                names = groups.setdefault((_host(node), str(config.get("dir"))), [])
                 names.extend(name for name in (node.name, other.name) if name not in names)
     return [
         Warning(Messages.SHARED_DIR.format(nodes=", ".join(names), host=host, dir=folder), hint=Hints.SHARED_DIR,
@@ -440,14 +440,14 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         counts = {"answered": answered, "total": len(nodes), "quorum": manager.quorum}
         errors.append(Error(Messages.NO_QUORUM.format(**counts), hint=Hints.NO_QUORUM, id=Codes.NO_QUORUM))
     run_ids: dict[str, list[str]] = {}
-    configs: list[dict[str, str | None]] = []
+    configs: list[Mapping[str, str | None]] = []
     config_refused: list[str] = []
     for node, reply in zip(nodes, replies):
         if isinstance(reply, Failure):
             errors.append(
                 Warning(Messages.UNREACHABLE.format(node=node.name, error=reply), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)
             )
-            configs.append(dict.fromkeys(("dir", "dbfilename", "appendonly")))
+            configs.append({})
             continue
         info, repl, role, policy, appendonly, appendfsync, *place = reply
         config = {"maxmemory-policy": _config_word(policy), "appendonly": _config_word(appendonly)}
@@ -496,10 +496,8 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
     errors += _shared_dirs(nodes, configs, same)
     if config_refused:
-        crowded = {name for names in hosts.values() if len(names) > 1 for name in names}
-        untold = ", and whether a node shares its data directory with another on its host" if crowded & set(
-            config_refused
-        ) else ""
+        crowded = any(len(hosts[_host(node)]) > 1 for node in nodes if node.name in config_refused)
+        untold = ", and whether a node shares its data directory with another on its host" if crowded else ""
         values = {"nodes": ", ".join(config_refused), "untold": untold}
         errors.append(Info(Messages.CONFIG_REFUSED.format(**values), hint=Hints.CONFIG_REFUSED, id=Codes.CONFIG_REFUSED))
     return errors
