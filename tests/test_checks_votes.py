@@ -112,7 +112,7 @@ def returned(check, seconds=30.0):
 def test_fewer_than_a_quorum_answering_is_said_by_the_default_check(settings, servers):
     """Nothing listens on one port, one server is SIGSTOPped: the check returns after one wait and
     names both nodes with why."""
-    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    nobody = f"redis://:Hidden-Pw-9@127.0.0.1:{free_port()}/0"
     settings.REDLOCK_NODES = [nobody, servers.urls[1], declared(servers.urls[2])]
     settings.REDLOCK = DEFAULT_WINDOW
     servers[1].pause()
@@ -120,7 +120,7 @@ def test_fewer_than_a_quorum_answering_is_said_by_the_default_check(settings, se
     assert [m.id for m in messages] == [Codes.NO_ANSWER] and not messages[0].is_serious()
     text = messages[0].msg
     assert text.startswith("Only 1 of 3 Redlock nodes answered within 1 s, 2 needed: every lock fails (")
-    assert f"{nobody.split('//')[1]}: connection refused" in text
+    assert f"{nobody.split('@')[1]}: connection refused" in text and "Hidden-Pw-9" not in text + messages[0].hint
     assert f"{servers.urls[1].split('//')[1]}: no reply within 1000 ms" in text
     assert servers.urls[2].split("//")[1] not in text  # it answered
     assert "redlock status" in messages[0].hint
