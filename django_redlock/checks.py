@@ -66,10 +66,10 @@ class Messages:
     FEW_MASTERS = "REDLOCK_NODES lists {count} independent Redis master(s); Redlock needs at least 3 to survive a failure."
     ONE_MASTER = (
         "REDLOCK_NODES lists 1 independent Redis master: its locks exclude each other while it runs and keeps its "
-        "data, and are available only while it is. A failover to a replica (asynchronous replication) may lose lock keys: "
-        "the only guard then is that a restart or failover this process notices makes the node sit out "
-        "RESTART_WINDOW (every lock fails meanwhile); one it does not notice (its first contact comes after it) "
-        "is not guarded."
+        "data, and are available only while it is. After a restart it sits out RESTART_WINDOW (unless declared "
+        "FSYNC_ALWAYS). A failover to a replica (asynchronous replication) may lose lock keys: the only guard then "
+        "is that a failover this process notices makes the node sit out RESTART_WINDOW too (every lock fails "
+        "meanwhile); one it does not notice (its first contact comes after it) is not guarded."
     )
     EVEN = "REDLOCK_NODES lists {count} masters; an even count tolerates no more failures than {lower}."
     SAME_SERVER = "REDLOCK_NODES lists the server {server} {times} times; nodes on one server fail together."

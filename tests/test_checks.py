@@ -26,7 +26,8 @@ def test_w001_for_one_node_says_what_it_gives_and_what_not(settings, servers):
     assert "exclude each other while it runs and keeps its data" in text  # what it gives
     assert "available only while it is" in text  # availability: that node's
     assert "failover to a replica (asynchronous replication) may lose lock keys" in text  # what it does not
-    assert "sit out RESTART_WINDOW" in text and "not guarded" in text  # the one guard, and its limit
+    assert "After a restart it sits out RESTART_WINDOW (unless declared FSYNC_ALWAYS)" in text
+    assert "notices makes the node sit out RESTART_WINDOW too" in text and "not guarded" in text  # the guard, its limit
     assert "'One managed Redis as the only node'" in message.hint
 
 
