@@ -1,8 +1,9 @@
 """System checks for the lock topology.
 
 The default checks read settings, and ask each node once, as a lock would,
-whether it votes (nodes that sit out after a restart). The ones that ask
-more (nodes that do not answer, replicas, one server under two addresses,
+whether it answers and votes (fewer than a quorum answering; nodes that sit
+out after a restart). The ones that ask more (a minority that does not
+answer, replicas, one server under two addresses,
 eviction policy) run with ``manage.py check --deploy`` (just those:
 ``--deploy --tag redlock_nodes``); ``manage.py redlock status`` shows the rest.
 """
@@ -14,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Info, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf
@@ -43,6 +44,9 @@ class Codes:
     NOT_FSYNCING = "django_redlock.W010"
     NO_REPLICATION = "django_redlock.W011"
     SITS_OUT = "django_redlock.W012"
+    SHARED_DIR = "django_redlock.W013"
+    NO_ANSWER = "django_redlock.W014"
+    CONFIG_REFUSED = "django_redlock.I001"
     NO_QUORUM = "django_redlock.E005"
 
 
@@ -60,6 +64,13 @@ class Messages:
         "so it never votes."
     )
     FEW_MASTERS = "REDLOCK_NODES lists {count} independent Redis master(s); Redlock needs at least 3 to survive a failure."
+    ONE_MASTER = (
+        "REDLOCK_NODES lists 1 independent Redis master: its locks exclude each other while it runs and keeps its "
+        "data, and are available only while it is. After a restart it sits out RESTART_WINDOW (unless declared "
+        "FSYNC_ALWAYS). A failover to a replica (asynchronous replication) may lose lock keys: the only guard then "
+        "is that a failover this process notices makes the node sit out RESTART_WINDOW too (every lock fails "
+        "meanwhile); one it does not notice (its first contact comes after it) is not guarded."
+    )
     EVEN = "REDLOCK_NODES lists {count} masters; an even count tolerates no more failures than {lower}."
     SAME_SERVER = "REDLOCK_NODES lists the server {server} {times} times; nodes on one server fail together."
     TIMEOUT = "REDLOCK['NODE_TIMEOUT'] ({timeout} s) is large next to REDLOCK['TTL'] ({ttl} s)."
@@ -79,6 +90,15 @@ class Messages:
     NO_VOTES = "Only {voting} of {total} Redlock nodes can vote now, {quorum} needed: every lock fails{until} ({detail})."
     SITS_OUT = "{count} of {total} Redlock nodes sit out after a restart; locks work ({voting} vote, {quorum} needed) ({detail})."
     NO_QUORUM = "Only {answered} of {total} Redlock nodes answered, {quorum} needed: every lock fails."
+    NO_ANSWER = "Only {answered} of {total} Redlock nodes answered within {timeout:g} s, {quorum} needed: every lock fails ({detail})."
+    SHARED_DIR = (
+        "Redlock nodes {nodes} on {host} share the data directory {dir}: a restarted node may load another's "
+        "data, and if it is declared FSYNC_ALWAYS it votes at once with keys that are not its own."
+    )
+    CONFIG_REFUSED = (
+        "CONFIG GET is refused to the lock user on {nodes}: locks work without it, but the eviction policy and "
+        "persistence{untold} could not be checked."
+    )
 
 
 class Hints:
@@ -119,6 +139,16 @@ class Hints:
         "or remove it (a contended view then answers 423 Locked)."
     )
     NO_QUORUM = "Start the nodes that did not answer, or fix their address, password or firewall; run 'manage.py redlock status'."
+    ONE_MASTER = (
+        "For locks that survive the loss of a node, run at least three (five is better) independent redis-server "
+        "masters and list each once in REDLOCK_NODES; for one node, see 'One managed Redis as the only node' "
+        "in the deployment docs."
+    )
+    SHARED_DIR = "Give each redis-server its own directory: --dir <path> on its command line, or 'dir' in its redis.conf."
+    CONFIG_REFUSED = (
+        "On a managed service (where CONFIG is denied) check 'maxmemory-policy noeviction' and persistence in its "
+        "console or parameter group; elsewhere grant '+config|get' to the lock user."
+    )
     NO_REPLICATION = (
         "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
     )
@@ -214,7 +244,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return errors
     servers = Counter(_server(node) for node in nodes)
     distinct = len(servers)
-    if distinct < 3:
+    if distinct == 1:
+        errors.append(Warning(Messages.ONE_MASTER, hint=Hints.ONE_MASTER, id=Codes.FEW_MASTERS))
+    elif distinct < 3:
         errors.append(Warning(Messages.FEW_MASTERS.format(count=distinct), hint=Hints.FEW_MASTERS, id=Codes.FEW_MASTERS))
     elif distinct % 2 == 0:
         errors.append(
@@ -242,10 +274,12 @@ PROBE_TIMEOUT = 1.0
 
 @register(TAG, NODES_TAG)
 def check_votes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """Ask every node once, as a lock would, whether it votes: report nodes that sit out after a
-    (re)start (delayed-restart rule), with the seconds left, and whether locks work meanwhile.
+    """Ask every node once, as a lock would, whether it votes, waiting at most :data:`PROBE_TIMEOUT`
+    in all: report fewer than a quorum answering (each node that did not, and why), and nodes that
+    sit out after a (re)start (delayed-restart rule), with the seconds left, and whether locks work
+    meanwhile.
 
-    Nodes that do not answer are left to ``check --deploy``.
+    A minority that does not answer is left to ``check --deploy``.
     """
     from django_redlock.core import LockManager, ledger
 
@@ -260,11 +294,22 @@ def check_votes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         statuses = manager.node_status(timeout=PROBE_TIMEOUT)
     finally:
         manager.close()
+    errors: list[Any] = []
+    answered = sum(1 for s in statuses if s.reachable)
+    if answered < manager.quorum:
+        values = {
+            "answered": answered,
+            "total": len(statuses),
+            "quorum": manager.quorum,
+            "timeout": PROBE_TIMEOUT,
+            "detail": "; ".join(f"{s.name}: {s.error or 'did not answer'}" for s in statuses if not s.reachable),
+        }
+        errors.append(Warning(Messages.NO_ANSWER.format(**values), hint=Hints.NO_QUORUM, id=Codes.NO_ANSWER))
     sitting = [s for s in statuses if s.reachable and ledger.DELAYED_RESTART in (s.not_voting_reason or "")]
     if not sitting:
-        return []
+        return errors
     voting = sum(1 for s in statuses if s.votes)
-    values: dict[str, Any] = {
+    values = {
         "voting": voting,
         "total": len(statuses),
         "quorum": manager.quorum,
@@ -279,7 +324,7 @@ def check_votes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         waits = sorted([0.0] * voting + [s.sits_out_for for s in sitting])
         values["until"] = f" for {math.ceil(waits[manager.quorum - 1])} s more" if len(waits) >= manager.quorum else ""
         message = Messages.NO_VOTES.format(**values)
-    return [Warning(message, hint=ledger.RESTART_ADVICE, id=Codes.SITS_OUT)]
+    return [*errors, Warning(message, hint=ledger.RESTART_ADVICE, id=Codes.SITS_OUT)]
 
 
 def _config_word(reply: Any) -> str | None:
@@ -296,86 +341,157 @@ def _word(value: Any) -> str:
     return printable(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
 
 
+#: What ``check --deploy`` asks each node, in one write (one round, one wait in all).
+QUESTIONS: tuple[tuple[str, ...], ...] = (
+    ("INFO", "server"),
+    ("INFO", "replication"),
+    ("ROLE",),
+    ("CONFIG", "GET", "maxmemory-policy"),
+    ("CONFIG", "GET", "appendonly"),
+    ("CONFIG", "GET", "appendfsync"),
+    ("CONFIG", "GET", "dir"),
+    ("CONFIG", "GET", "appenddirname"),  # Redis 7+: the append-only files' directory inside dir
+    ("CONFIG", "GET", "appendfilename"),  # Redis 6.2: the one append-only file inside dir
+    ("CONFIG", "GET", "dbfilename"),
+)
+
+
+def _ask(total: int) -> Any:
+    """The engine step that sends :data:`QUESTIONS` to every node: a list of replies per node (error
+    replies included), or a ``Failure`` for a node that did not answer within :data:`PROBE_TIMEOUT`."""
+    from django_redlock.core.steps import Fan
+
+    return (yield Fan([QUESTIONS] * total, timeout=PROBE_TIMEOUT))
+
+
+def _host(node: Any) -> str:
+    return "localhost" if node.path or str(node.host) in LOOPBACK else str(node.host)
+
+
+def _data_files(config: Mapping[str, str | None]) -> tuple[tuple[str, ...], set[tuple[str, ...]]] | None:
+    """The file a node loads when it starts, and the files it writes, as (kind, dir, name); None
+    when its CONFIG could not be read."""
+    folder, dump, appendonly = config.get("dir"), config.get("dbfilename"), config.get("appendonly")
+    if folder is None or dump is None or appendonly is None:
+        return None
+    rdb = ("rdb", folder, dump)
+    if appendonly != "yes":
+        return rdb, {rdb}
+    aof = ("aof", folder, config.get("appenddirname") or config.get("appendfilename") or "")
+    return aof, {rdb, aof}
+
+
+def _shared_dirs(nodes: list[Any], configs: list[Mapping[str, str | None]], same: set[str]) -> list[Any]:
+    """W013: nodes on one host of which one would load, after a restart, files another writes.
+    ``same``: names of nodes that are one server listed twice (W006 says so)."""
+    files = {n.name: _data_files(c) for n, c in zip(nodes, configs) if n.name not in same}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for node, config in zip(nodes, configs):
+        mine = files.get(node.name)
+        if mine is None:
+            continue
+        for other in nodes:
+            theirs = files.get(other.name)
+            if other is node or theirs is None or _host(other) != _host(node):
+                continue
+            if mine[0] in theirs[1] or theirs[0] in mine[1]:
+                names = groups.setdefault((_host(node), str(config.get("dir"))), [])
+                names.extend(name for name in (node.name, other.name) if name not in names)
+    return [
+        Warning(Messages.SHARED_DIR.format(nodes=", ".join(names), host=host, dir=folder), hint=Hints.SHARED_DIR,
+                id=Codes.SHARED_DIR)
+        for (host, folder), names in groups.items()
+    ]
+
+
 @register(TAG, NODES_TAG, deploy=True)
 def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node.
+    """With ``check --deploy`` (only these: ``--deploy --tag redlock_nodes``): ask every node, all
+    questions in one write, and wait at most :data:`PROBE_TIMEOUT` in all.
 
     Reports nodes that do not answer, nodes that refuse INFO (they cannot
     vote) or only INFO replication (failovers cannot be told from restarts),
     replicas, one server listed under two addresses (same run id), several
-    nodes on one host, eviction policies that could drop lock keys, and
-    nodes declared ``FSYNC_ALWAYS`` whose CONFIG says otherwise.
+    nodes on one host and nodes there that share a data directory, eviction
+    policies that could drop lock keys, nodes declared ``FSYNC_ALWAYS`` whose
+    CONFIG says otherwise, and, once, the nodes whose CONFIG could not be read.
     """
-    from django_redlock.core import LockManager, steps
+    from django_redlock.core import LockManager
     from django_redlock.core.nodes import Failure, parse_info
+    from django_redlock.core.rounds import describe_error
 
     nodes, bad = _node_errors()
     if bad:
         return []  # reported by check_settings
     errors: list[Any] = []
     manager = LockManager(nodes)
-    questions = [
-        ("INFO", "server"),
-        ("INFO", "replication"),
-        ("ROLE",),
-        ("CONFIG", "GET", "maxmemory-policy"),
-        ("CONFIG", "GET", "appendonly"),
-        ("CONFIG", "GET", "appendfsync"),
-    ]
-    infos, replication, roles, policies, aof, fsync = manager._run(steps.ask(len(nodes), questions, PROBE_TIMEOUT))
-    answered = sum(1 for info in infos if not (isinstance(info, Failure) and not info.answered))
+    try:
+        replies = manager._run(_ask(len(nodes)))
+    finally:
+        manager.close()
+    answered = sum(1 for reply in replies if not isinstance(reply, Failure))
     if answered < manager.quorum:
         counts = {"answered": answered, "total": len(nodes), "quorum": manager.quorum}
         errors.append(Error(Messages.NO_QUORUM.format(**counts), hint=Hints.NO_QUORUM, id=Codes.NO_QUORUM))
     run_ids: dict[str, list[str]] = {}
-    for node, appendonly, appendfsync in zip(nodes, aof, fsync):
+    configs: list[Mapping[str, str | None]] = []
+    config_refused: list[str] = []
+    for node, reply in zip(nodes, replies):
+        if isinstance(reply, Failure):
+            errors.append(
+                Warning(Messages.UNREACHABLE.format(node=node.name, error=reply), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)
+            )
+            configs.append({})
+            continue
+        info, repl, role, policy, appendonly, appendfsync, *place = reply
+        config = {"maxmemory-policy": _config_word(policy), "appendonly": _config_word(appendonly)}
+        config["appendfsync"] = _config_word(appendfsync)
+        config.update(zip(("dir", "appenddirname", "appendfilename", "dbfilename"), map(_config_word, place)))
+        configs.append(config)
+        if any(isinstance(r, Exception) for r in (policy, appendonly, appendfsync, place[0])):
+            config_refused.append(node.name)  # denied (ACL, renamed away, a managed service): said once below
         # What CONFIG says now only warns; the declaration alone decides the vote.
-        said = [_config_word(appendonly), _config_word(appendfsync)]
+        said = [config["appendonly"], config["appendfsync"]]
         if node.fsync_always and None not in said and said != ["yes", "always"]:
             values = {"node": node.name, "appendonly": said[0], "appendfsync": said[1]}
             errors.append(Warning(Messages.NOT_FSYNCING.format(**values), hint=Hints.NOT_FSYNCING, id=Codes.NOT_FSYNCING))
-    for node, info, role, policy, repl in zip(nodes, infos, roles, policies, replication):
-        if isinstance(info, Failure) and info.answered:
+        if isinstance(info, Exception):
             # INFO refused (ACL -info, renamed): the engine does not let such a node vote.
             if not node.fsync_always:
-                errors.append(
-                    Error(Messages.INFO_DENIED.format(node=node.name, error=info), hint=Hints.INFO_DENIED, id=Codes.INFO_DENIED)
-                )
-            info = None
-        elif isinstance(repl, Failure) and repl.answered:
+                values = {"node": node.name, "error": describe_error(info)}
+                errors.append(Error(Messages.INFO_DENIED.format(**values), hint=Hints.INFO_DENIED, id=Codes.INFO_DENIED))
+        elif isinstance(repl, Exception):
             # INFO server only (ACL -info +info|server): failovers are counted on every new run id.
-            values = {"node": node.name, "error": repl}
+            values = {"node": node.name, "error": describe_error(repl)}
             errors.append(Warning(Messages.NO_REPLICATION.format(**values), hint=Hints.NO_REPLICATION, id=Codes.NO_REPLICATION))
-        elif isinstance(info, Failure):
-            errors.append(
-                Warning(Messages.UNREACHABLE.format(node=node.name, error=info), hint=Hints.UNREACHABLE, id=Codes.UNREACHABLE)
-            )
-            continue
-        run_id = parse_info(info).get("run_id") if info is not None else None
+        run_id = parse_info(info).get("run_id") if not isinstance(info, Exception) else None
         if run_id:
             run_ids.setdefault(run_id, []).append(node.name)
         if isinstance(role, list) and role and role[0] not in (b"master", "master"):
             shown = _word(role[0])
             errors.append(Warning(Messages.REPLICA.format(node=node.name, role=shown), hint=Hints.REPLICA, id=Codes.REPLICA))
-        if isinstance(policy, list) and len(policy) == 2:
-            value = _word(policy[1])
-            if value != "noeviction":  # volatile-* policies evict keys with a ttl: lock keys
-                errors.append(
-                    Warning(Messages.EVICTION.format(node=node.name, policy=value), hint=Hints.EVICTION, id=Codes.EVICTION)
-                )
+        value = config["maxmemory-policy"]
+        if value is not None and value != "noeviction":  # volatile-* policies evict keys with a ttl: lock keys
+            errors.append(Warning(Messages.EVICTION.format(node=node.name, policy=value), hint=Hints.EVICTION, id=Codes.EVICTION))
+    same: set[str] = set()
     for names in run_ids.values():
         if len(names) > 1:
+            same.update(names)
             errors.append(
                 Warning(Messages.SAME_RUN_ID.format(nodes=", ".join(names)), hint=Hints.SAME_RUN_ID, id=Codes.SAME_RUN_ID)
             )
     hosts: dict[str, list[str]] = {}
     for node in nodes:
-        host = "localhost" if node.path or str(node.host) in LOOPBACK else str(node.host)
-        hosts.setdefault(host, []).append(node.name)
+        hosts.setdefault(_host(node), []).append(node.name)
     for host, names in hosts.items():
         if len(names) > 1:
             errors.append(
                 Warning(Messages.SAME_HOST.format(nodes=", ".join(names), host=host), hint=Hints.SAME_HOST, id=Codes.SAME_HOST)
             )
-    manager.close()
+    errors += _shared_dirs(nodes, configs, same)
+    if config_refused:
+        crowded = any(len(hosts[_host(node)]) > 1 for node in nodes if node.name in config_refused)
+        untold = ", and whether a node shares its data directory with another on its host" if crowded else ""
+        values = {"nodes": ", ".join(config_refused), "untold": untold}
+        errors.append(Info(Messages.CONFIG_REFUSED.format(**values), hint=Hints.CONFIG_REFUSED, id=Codes.CONFIG_REFUSED))
     return errors

@@ -12,11 +12,23 @@ def ids(messages):
     return [m.id for m in messages]
 
 
-@pytest.mark.parametrize("count", [1, 2])
-def test_w001_for_one_and_two_nodes(settings, servers, count):
-    settings.REDLOCK_NODES = servers.urls[:count]
+def test_w001_for_two_nodes(settings, servers):
+    settings.REDLOCK_NODES = servers.urls[:2]
     messages = check_settings()
-    assert Warning(Messages.FEW_MASTERS.format(count=count), hint=Hints.FEW_MASTERS, id=Codes.FEW_MASTERS) in messages
+    assert Warning(Messages.FEW_MASTERS.format(count=2), hint=Hints.FEW_MASTERS, id=Codes.FEW_MASTERS) in messages
+
+
+def test_w001_for_one_node_says_what_it_gives_and_what_not(settings, servers):
+    settings.REDLOCK_NODES = servers.urls[:1]
+    [message] = check_settings()
+    assert message.id == Codes.FEW_MASTERS and not message.is_serious()
+    text = message.msg
+    assert "exclude each other while it runs and keeps its data" in text  # what it gives
+    assert "available only while it is" in text  # availability: that node's
+    assert "failover to a replica (asynchronous replication) may lose lock keys" in text  # what it does not
+    assert "After a restart it sits out RESTART_WINDOW (unless declared FSYNC_ALWAYS)" in text
+    assert "notices makes the node sit out RESTART_WINDOW too" in text and "not guarded" in text  # the guard, its limit
+    assert "'One managed Redis as the only node'" in message.hint
 
 
 def test_five_nodes_pass(settings, servers):

@@ -1,4 +1,4 @@
-"""The example project: its checks pass with five masters and show W001 with one."""
+"""The example project: its checks pass with five masters, show W001 with one, and W014 when none runs."""
 
 from __future__ import annotations
 
@@ -20,9 +20,22 @@ def manage(*args, **env):
 
 
 def test_check_passes_with_five_masters():
-    result = manage("check")
+    from django_redlock.testing import RedisServers
+
+    with RedisServers(5) as masters:
+        result = manage("check", DEMO_REDIS_PORTS=",".join(str(m.port) for m in masters))
     assert result.returncode == 0, result.stderr
     assert "no issues" in result.stdout
+
+
+def test_check_says_when_the_masters_are_not_running():
+    from django_redlock.testing import free_port
+
+    ports = [str(free_port()) for _ in range(5)]
+    result = manage("check", DEMO_REDIS_PORTS=",".join(ports))
+    assert result.returncode == 0, result.stderr  # a warning: the masters may start later
+    assert "no issues" not in result.stdout
+    assert "django_redlock.W014" in result.stderr and "Only 0 of 5 Redlock nodes answered" in result.stderr
 
 
 def test_single_node_switch_shows_w001():

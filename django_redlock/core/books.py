@@ -400,8 +400,8 @@ class NodeBooks(Generic[C]):
         conn.probe_replies.append(reply)
         if len(conn.probe_replies) < len(PROBE):
             return
-        restart = ledger.learn(conn.probe_replies, now)
-        conn.probe_replies = []
+        replies, conn.probe_replies = conn.probe_replies, []
+        restart = ledger.learn(replies, now)
         conn.probing = False
         if restart is None:
             return  # a passing error (BUSY, LOADING): still unknown; the next vote probes again
@@ -413,6 +413,8 @@ class NodeBooks(Generic[C]):
         if not restart.replication and restart.run_id and not self.replication_warned:
             self.replication_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NO_REPLICATION)
+        if any(ledger.denied(r) for r in replies[2:4] if isinstance(r, Exception)) and self.history.tell_config_refused():
+            logger.info("Node %s: %s.", self.name, ledger.CONFIG_REFUSED)
         if self.fsync_always and restart.reports_fsync is False and not self.fsync_warned:
             self.fsync_warned = True
             logger.warning("Node %s: %s.", self.name, ledger.NOT_FSYNCING)

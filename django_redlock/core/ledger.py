@@ -226,7 +226,7 @@ class History:
     loops and managers (see :func:`history_for`): the last probe, when that server last answered,
     and when a failover was last noticed."""
 
-    __slots__ = ("last", "heard", "moved_at", "_mutex", "__weakref__")
+    __slots__ = ("last", "heard", "moved_at", "config_told", "_mutex", "__weakref__")
 
     def __init__(self) -> None:
         self.last: Restart | None = None
@@ -235,6 +235,8 @@ class History:
         self.heard: float | None = None
         #: Monotonic time the last failover was noticed (it happened before), None: never.
         self.moved_at: float | None = None
+        #: Whether the log said that this server refuses CONFIG (said once per address, per process).
+        self.config_told = False
         self._mutex = forks.mutex(self, "_mutex")  # nodes of several managers (sync, asyncio) share it
 
     def learned(self, restart: Restart) -> bool:
@@ -246,6 +248,12 @@ class History:
             if restart.run_id:
                 self.last = restart
             return failover
+
+    def tell_config_refused(self) -> bool:
+        """True the first time only: the one caller that logs that this server refuses CONFIG."""
+        with self._mutex:
+            told, self.config_told = self.config_told, True
+            return not told
 
     def replaced(self, now: float) -> None:
         """The data set at this address was replaced behind open connections (see
@@ -287,6 +295,12 @@ NO_REPLICATION = (
 DENIED = (
     "restart state unknown: INFO is denied to the lock user, so it does not vote "
     "(grant +info and +config|get, or declare the node FSYNC_ALWAYS if it fsyncs every write)"
+)
+
+CONFIG_REFUSED = (
+    "CONFIG GET is refused to the lock user (as on most managed services): locks work without it; only the "
+    "persistence it runs cannot be read (whether it votes right after a restart follows its FSYNC_ALWAYS "
+    "declaration alone, as always)"
 )
 
 NOT_FSYNCING = (

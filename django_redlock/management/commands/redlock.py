@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.adapters.commands import keep_exit_code
 from django_redlock.adapters.options import node_wait, option_type, option_value
+from django_redlock.core import ledger
 from django_redlock.core.records import STATE_WORDS, printable, same_everywhere, seconds
 from django_redlock.exceptions import LockError, QuorumUnavailable
 from django_redlock.exit_codes import ExitCode
@@ -153,6 +154,9 @@ class Command(BaseCommand):
                 self.stdout.write(self.status_line(s))
                 if s.warning:
                     self.stdout.write(self.style.WARNING(f"{'':<28} {printable(s.warning)}"))
+            unread = [s.name for s in statuses if s.reachable and s.version is not None and not s.persistence]
+            if unread:
+                self.stdout.write(f"{', '.join(unread)}: {ledger.CONFIG_REFUSED}.")
             summary = f"{len(voting)} of {len(statuses)} nodes can vote; quorum is {quorum}."
             style = self.style.ERROR if len(voting) < quorum else self.style.WARNING
             self.stdout.write(self.style.SUCCESS(summary) if len(voting) == len(statuses) else style(summary))
@@ -173,8 +177,11 @@ class Command(BaseCommand):
             return f"{s.name:<28} {self.style.ERROR('DOWN')}  {printable(str(s.error))}"
         latency = f"{s.latency * 1000:6.2f} ms" if s.latency is not None else "     ? ms"
         says_fsync = s.persistence.get("appendfsync") == "always" and s.persistence.get("aof_enabled") is True
+        unread = not s.persistence  # CONFIG refused (said once, below the nodes), or INFO refused
         if s.fsync_declared:
-            persistence = "fsync always (declared)" if says_fsync or s.version is None else "declared fsync always, runs without"
+            persistence = "fsync always (declared)" if says_fsync or unread else "declared fsync always, runs without"
+        elif unread:
+            persistence = "persistence ?"
         elif says_fsync:
             persistence = "fsync always (not declared: sits out after a restart)"
         else:
