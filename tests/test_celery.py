@@ -27,7 +27,8 @@ import celery.exceptions  # noqa: E402
 
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 
-from django_redlock.celery import SKIPPED, RedlockTask, current_lock, redlock_task  # noqa: E402
+import celery.result  # noqa: E402
+from django_redlock.celery import SKIPPED, RedlockTask, TaskAlreadyQueued, current_lock, redlock_task  # noqa: E402
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable  # noqa: E402
 from django_redlock.manager import get_lock_manager  # noqa: E402
 from django_redlock.testing import RedisServer  # noqa: E402
@@ -72,20 +73,24 @@ class Worker:
 @pytest.fixture(scope="module")
 def worker(broker, redis_servers, tmp_path_factory):
     """One ``celery worker`` subprocess, ready once a task made the round trip; stopped with SIGTERM."""
-    log = str(tmp_path_factory.mktemp("celery") / "worker.log")
+    yield from run_worker(broker, redis_servers, str(tmp_path_factory.mktemp("celery") / "worker.log"), "celery")
+
+
+def run_worker(broker, redis_servers, log, queue):
+    """A ``celery worker`` subprocess consuming ``queue``, ready once a task made the round trip there."""
     env = dict(os.environ, **broker)
     env.update(DJANGO_SETTINGS_MODULE="tests.settings", REDLOCK_TEST_NODES=",".join(redis_servers.urls))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-Q", queue,
         f"--pool={os.environ.get('REDLOCK_TEST_CELERY_POOL', 'threads')}", "-c", "2", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--loglevel=INFO", "-n", f"redlock-tests-{os.getpid()}@%h",
+        "--loglevel=INFO", "-n", f"redlock-tests-{queue}-{os.getpid()}@%h",
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     running = Worker(process, log)
     try:
-        ping = tasks.ping.delay()  # ready once this round trip is done
+        ping = tasks.ping.apply_async(queue=queue)  # ready once this round trip is done
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -96,7 +101,8 @@ def worker(broker, redis_servers, tmp_path_factory):
                     raise RuntimeError(f"the Celery worker did not answer; its log:\n{running.output()}") from None
         yield running
     finally:
-        process.send_signal(signal.SIGTERM)  # warm shutdown: running tasks finish first
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # warm shutdown: running tasks finish first
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -272,6 +278,155 @@ def test_hand_off_a_lock_taken_in_the_request_to_the_task(worker, lock_nodes):
     start = expect(name, "start")
     assert start["resource"] == "report-7" and 0 < start["validity"] <= 10
     assert not get_lock_manager().is_locked("report-7")  # the task released it
+
+
+# -- lock_on_send: a duplicate is refused when it is sent ---------------------------------------------
+
+
+def holder_label(resource: str) -> str | None:
+    record = get_lock_manager().lock_record(resource)
+    return record.holder.label if record is not None else None
+
+
+def wait_until_free(resource: str, timeout: float) -> float:
+    """Seconds until ``resource`` is free (polled: an expiry sends no event); fails after ``timeout``."""
+    started = time.monotonic()
+    while True:
+        try:
+            if not get_lock_manager().is_locked(resource):
+                return time.monotonic() - started
+        except QuorumUnavailable:
+            pass  # nodes slow to answer on a busy machine: ask again
+        assert time.monotonic() - started < timeout, f"{resource!r} still locked after {timeout} s"
+        time.sleep(0.1)
+
+
+def test_lock_on_send_refuses_a_duplicate_while_queued_and_while_running(worker, lock_nodes):
+    first, second, third = tag(), tag(), tag()
+    a = tasks.once_job.apply_async(("q", first), {"hold": True}, countdown=2)  # queued for two seconds
+    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}]"
+    with pytest.raises(TaskAlreadyQueued) as queued:
+        tasks.once_job.delay("q", second)
+    assert not ran(first)  # refused while the first one was still in the queue
+    assert isinstance(queued.value, LockNotAcquired) and queued.value.task_id == a.id
+    assert a.id in str(queued.value) and "once-q" in str(queued.value)
+    expect(first, "start")  # now running, kept alive past its ttl (2 s) by the worker
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.delay("q", second)
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.apply_async(args=("q", second))
+    assert tasks.once_job.delay("other", third).get(timeout=WAIT) == f"done {third}"  # another key is sent
+    open_gate(first)
+    assert a.get(timeout=WAIT) == f"done {first}"
+    assert not ran(second)
+    assert not get_lock_manager().is_locked("once-q")  # released when it finished
+    assert tasks.once_job.delay("q", second).get(timeout=WAIT) == f"done {second}"
+
+
+def test_lock_on_send_never_shows_the_token(worker, lock_nodes):
+    name = tag()
+    seen = []
+    a = tasks.once_job.apply_async(("secret", name), {"hold": True})
+    expect(name, "start")
+    token = get_lock_manager().lock_record("once-secret").holder.token
+    with pytest.raises(TaskAlreadyQueued) as refused:
+        tasks.once_job.delay("secret", name)
+    seen += [str(refused.value), repr(refused.value), holder_label("once-secret")]
+    open_gate(name)
+    assert a.get(timeout=WAIT) == f"done {name}"
+    seen.append(worker.output())
+    assert len(token) == 40 and not any(token in text for text in seen)
+
+
+def test_lock_on_send_returns_the_queued_tasks_result_with_when_duplicate_result(worker, lock_nodes):
+    first, second = tag(), tag()
+    a = tasks.once_result_job.delay("r", first, hold=True)
+    b = tasks.once_result_job.delay("r", second)  # queued or running: either way, the same task
+    assert b.id == a.id and isinstance(b, celery.result.AsyncResult)
+    open_gate(first)
+    assert b.get(timeout=WAIT) == f"done {first}"
+    assert not ran(second)
+    assert tasks.once_result_job.delay("r", second).get(timeout=WAIT) == f"done {second}"
+
+
+def test_lock_on_send_a_failure_releases_a_retry_keeps_it(worker, lock_nodes):
+    boom, again, other = tag(), tag(), tag()
+    failure(tasks.once_job.delay("f", boom, fail=True), ValueError)
+    assert not get_lock_manager().is_locked("once-f")
+    a = tasks.once_job.delay("f", again, hold=True, retry_once=True)
+    assert [expect(again, "start")["retries"], expect(again, "end")["event"]] == [0, "end"]
+    next_retry(a.id)  # the retry is sent: queued for 0.5 s, then running (holding) on the worker
+    with pytest.raises(TaskAlreadyQueued) as refused:
+        tasks.once_job.delay("f", other)
+    assert refused.value.task_id == a.id  # a retry keeps the task's id, and the lock
+    assert expect(again, "start")["retries"] == 1
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.delay("f", other)
+    open_gate(again)
+    assert a.get(timeout=WAIT) == f"done {again}"
+    assert not get_lock_manager().is_locked("once-f") and not ran(other)
+
+
+def test_lock_on_send_a_revoked_task_releases_its_lock(worker, lock_nodes):
+    name = tag()
+    a = tasks.once_job.apply_async(("rev", name), countdown=1)
+    sent = time.monotonic()
+    a.revoke()
+    wait_until_free("once-rev", WAIT)  # released by the worker when it drops the task, at its eta
+    assert time.monotonic() - sent < 6 - 1  # released: the queued lock's 6 s ttl did not run out
+    assert not ran(name)
+    assert tasks.once_job.delay("rev", name).get(timeout=WAIT) == f"done {name}"
+
+
+def test_lock_on_send_a_send_that_fails_releases_the_lock(worker, lock_nodes):
+    from kombu import Connection
+
+    from django_redlock.signals import lock_acquired, lock_released
+
+    name = tag()
+    events = []
+
+    def record(signal, lock, **kwargs):
+        events.append((signal, lock.resource))
+
+    lock_acquired.connect(record)
+    lock_released.connect(record)
+    dead = RedisServer().start()
+    dead.stop()  # a broker that refuses connections
+    try:
+        with Connection(f"redis://127.0.0.1:{dead.port}/0", connect_timeout=1) as down:
+            with pytest.raises(Exception) as error:
+                tasks.once_job.apply_async(("down", name), connection=down, retry=False)
+    finally:
+        lock_acquired.disconnect(record)
+        lock_released.disconnect(record)
+    assert not isinstance(error.value, LockNotAcquired), error.value
+    assert events == [(lock_acquired, "once-down"), (lock_released, "once-down")]  # taken, then released
+    assert not get_lock_manager().is_locked("once-down")
+    assert tasks.once_job.delay("down", name).get(timeout=WAIT) == f"done {name}"
+
+
+def test_lock_on_send_a_worker_killed_mid_task_leaves_a_lock_that_expires(
+    worker, broker, redis_servers, lock_nodes, tmp_path
+):
+    name, after = tag(), tag()
+    doomed = run_worker(broker, redis_servers, str(tmp_path / "doomed.log"), "doomed")
+    running = next(doomed)
+    try:
+        sent = time.monotonic()
+        tasks.once_job.apply_async(("kill", name), {"hold": True}, queue="doomed")
+        expect(name, "start")
+        running.process.kill()  # SIGKILL mid-task: no release; the keep-alive dies with it
+        running.process.wait()
+        with pytest.raises(TaskAlreadyQueued):
+            tasks.once_job.delay("kill", after)
+        wait_until_free("once-kill", WAIT)
+        # Nobody released it: it lived out the later of the queued_ttl (6 s) set when it was
+        # sent and the task's ttl (2 s) after the dead worker's last extension.
+        assert time.monotonic() - sent >= 6 - 0.1
+    finally:
+        doomed.close()
+    assert tasks.once_job.delay("kill", after).get(timeout=WAIT) == f"done {after}"  # accepted once it expired
 
 
 # -- eagerly, in this process ------------------------------------------------------
