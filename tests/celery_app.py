@@ -194,3 +194,9 @@ def once_result_job(name: str, tag: str, hold: bool = False) -> str:
 def quick_retry_job(self: Any, name: str, tag: str) -> str:
     """Retries every 0.2 s while the lock (ttl 10 s) is held elsewhere, not after its Retry-After."""
     return work(tag, False)
+
+
+@app.task(base=RedlockTask, redlock={"key": "once-s-{name}", "ttl": 1, "lock_on_send": True, "queued_ttl": 1, "when_locked": "skip"})
+def once_short_job(name: str, tag: str, hold: bool = False) -> str:
+    """A lock that lives 1 s while queued and 1 s at a time while the body runs (kept alive)."""
+    return work(tag, hold)

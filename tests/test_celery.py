@@ -207,6 +207,19 @@ def test_same_key_retry_runs_after_the_first_with_countdown_from_retry_after(wor
     assert start["at"] >= retry["at"] + retry["when"] - 0.5  # the countdown was honoured
 
 
+def test_retry_countdown_chooses_when_a_locked_task_retries(worker, lock_nodes):
+    name = tag()
+    holder = get_lock_manager().acquire("job-c", ttl=10, blocking=False)  # its Retry-After: about 10 s
+    result = tasks.quick_retry_job.delay("c", name)
+    first, second = next_retry(result.id), next_retry(result.id)
+    assert first["when"] == second["when"] == 0.2, (first, second)  # retry_countdown, not the Retry-After
+    assert second["at"] - first["at"] >= 0.2 - 0.02  # the countdown was honoured
+    assert not ran(name)
+    holder.release()
+    assert result.get(timeout=WAIT) == f"done {name}"
+    assert expect(name, "start")["retries"] >= 2
+
+
 def test_different_keys_run_concurrently(worker, lock_nodes):
     one, two = tag(), tag()
     a = tasks.skip_job.delay("k1", one, hold=True)
@@ -429,6 +442,33 @@ def test_lock_on_send_a_worker_killed_mid_task_leaves_a_lock_that_expires(
     assert tasks.once_job.delay("kill", after).get(timeout=WAIT) == f"done {after}"  # accepted once it expired
 
 
+
+def test_lock_on_send_the_worker_keeps_it_alive_past_the_queued_ttl(worker, lock_nodes):
+    name, other = tag(), tag()
+    a = tasks.once_short_job.delay("alive", name, hold=True)
+    expect(name, "start")
+    label = holder_label("once-s-alive")
+    time.sleep(3)  # three times the queued_ttl and the ttl (1 s each): only the worker's keep-alive holds it
+    assert holder_label("once-s-alive") == label == f"celery tests.celery_app.once_short_job[{a.id}]"
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_short_job.delay("alive", other)
+    open_gate(name)
+    assert a.get(timeout=WAIT) == f"done {name}"
+    assert expect(name, "end")["event"] == "end"  # never noticed a loss
+
+
+def test_lock_on_send_a_queue_wait_longer_than_queued_ttl(worker, lock_nodes):
+    late, second = tag(), tag()
+    a = tasks.once_short_job.apply_async(("late", late), countdown=3)
+    wait_until_free("once-s-late", WAIT)  # its queued_ttl (1 s) ran out while it waited
+    b = tasks.once_short_job.delay("late", second, hold=True)  # so a second one is sent
+    expect(second, "start")
+    # The first one finds its lock gone, tries to take it as any task would, and meets the second:
+    # when_locked="skip".
+    assert a.get(timeout=WAIT) == SKIPPED and not ran(late)
+    open_gate(second)
+    assert b.get(timeout=WAIT) == f"done {second}"
+
 # -- eagerly, in this process ------------------------------------------------------
 
 
@@ -468,6 +508,44 @@ def test_eager_task_always_eager_and_direct_calls(lock_nodes, manager):
     finally:
         tasks.app.conf.task_always_eager = False
     assert current_lock() is None
+
+
+def test_eager_lock_on_send(lock_nodes, manager):
+    name = tag()
+    tasks.app.conf.task_always_eager = True
+    try:
+        assert tasks.once_job.delay("e", name).get() == f"done {name}"  # taken when sent, adopted, released
+        assert not manager.is_locked("once-e")
+        assert tasks.once_job.delay("e", name, retry_once=True).get() == f"done {name}"
+        reported = map(json.loads, tasks.events().lrange(f"ev:{name}", 0, -1))
+        assert [e["retries"] for e in reported if e["event"] == "start"] == [0, 0, 1]
+        assert not manager.is_locked("once-e")
+        other = manager.acquire(["once-e", "once-r-e"], ttl=10, blocking=False)  # not a task: no task id
+        with pytest.raises(TaskAlreadyQueued) as refused:
+            tasks.once_job.delay("e", name)
+        assert refused.value.task_id is None and "another holder" in str(refused.value)
+        with pytest.raises(TaskAlreadyQueued):
+            tasks.once_result_job.delay("e", name)  # the same with when_duplicate="result": no task to return
+        assert tasks.once_job.apply(("e", name)).get() == SKIPPED  # apply() sends nothing: when_locked
+        other.release()
+    finally:
+        tasks.app.conf.task_always_eager = False
+
+
+def test_lock_on_send_needs_redlock_task_and_a_queued_ttl_within_max_ttl(lock_nodes, settings):
+    def body(name):
+        return name
+
+    plain = tasks.app.task(shared=False, lazy=False, name=f"plain.{tag()}")(redlock_task("p-{name}", lock_on_send=True)(body))
+    error = plain.apply(("x",)).result
+    assert isinstance(error, ImproperlyConfigured) and "base=RedlockTask" in str(error)
+    settings.REDLOCK = {**settings.REDLOCK, "MAX_TTL": 5, "TTL": 2}
+    long = tasks.app.task(base=RedlockTask, shared=False, lazy=False, name=f"long.{tag()}")(
+        redlock_task("l-{name}", lock_on_send=True, queued_ttl=30)(body)
+    )
+    with pytest.raises(ValueError, match=r"queued_ttl \(30 s\) is above REDLOCK\['MAX_TTL'\] \(5 s\)"):
+        long.delay("x")
+    assert not get_lock_manager().is_locked("l-x")
 
 
 def test_eager_several_keys_together(lock_nodes, manager):
@@ -548,6 +626,20 @@ def test_configuration_errors_are_reported_at_decoration():
         redlock_task("report-{customer_id}")(coroutine)
     with pytest.raises(ImproperlyConfigured, match="use named placeholders"):
         redlock_task("report-{0}")(body)
+    with pytest.raises(ImproperlyConfigured, match="retry_countdown=1 is only used with when_locked='retry'"):
+        redlock_task("report-{customer_id}", when_locked="skip", retry_countdown=1)
+    with pytest.raises(ValueError, match="retry_countdown"):
+        redlock_task("report-{customer_id}", retry_countdown=-1)
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        redlock_task("report-{customer_id}", queued_ttl=60)
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        redlock_task("report-{customer_id}", when_duplicate="result")
+    with pytest.raises(ImproperlyConfigured, match="when_duplicate must be one of 'raise', 'result'"):
+        redlock_task("report-{customer_id}", lock_on_send=True, when_duplicate="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ImproperlyConfigured, match="lock_on_send must be True or False"):
+        redlock_task("report-{customer_id}", lock_on_send="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="queued_ttl"):
+        redlock_task("report-{customer_id}", lock_on_send=True, queued_ttl=0)
 
 
 def test_base_class_errors_are_reported_when_the_task_is_created():
@@ -565,6 +657,8 @@ def test_base_class_errors_are_reported_when_the_task_is_created():
         create(redlock={"key": "r-{customer_id}", "blocking": True})
     with pytest.raises(ImproperlyConfigured, match="does not take"):
         create(redlock={"key": "r-{customer}"})
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        create(redlock={"key": "r-{customer_id}", "queued_ttl": 5})
 
 
 def test_class_based_tasks_lock_their_own_key(lock_nodes):
