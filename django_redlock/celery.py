@@ -3,8 +3,10 @@
 The lock is taken when the task starts running (in a worker, or eagerly), on a
 resource named from the task's arguments, kept alive by the watchdog while the
 body runs, and released when the body returns or raises. When another holder
-has it, the task is skipped, retried with ``countdown`` = the lock's
-Retry-After, waits in line, or fails, as configured per task. A lock lost
+has it, the task is skipped, retried (after ``retry_countdown``, or the lock's
+Retry-After), waits in line, or fails, as configured per task. With
+``lock_on_send`` the lock is taken when the task is sent instead, and a
+duplicate is refused then (:mod:`django_redlock.celery_send`). A lock lost
 while the body ran fails the task with :class:`~django_redlock.exceptions.LockLost`;
 too few lock nodes (:class:`~django_redlock.exceptions.QuorumUnavailable`)
 fails it too: neither is ever reported as success or as a skip.
@@ -24,11 +26,9 @@ from typing import Any, Final, Literal, TypeVar
 
 try:
     import celery
-    from celery import current_task, states
+    from celery import current_task
     from celery.exceptions import Retry
     from celery.local import Proxy
-    from celery.signals import task_postrun, task_revoked
-    from celery.utils import uuid
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "django_redlock.celery needs Celery 5.3 or later: pip install 'django-redlock[celery]'"
@@ -37,12 +37,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 
-from django_redlock import conf
+from django_redlock import celery_send, conf
 from django_redlock.core import Lock, base
 from django_redlock.adapters import transactions
-from django_redlock.core.records import Holder, printable
+from django_redlock.core.records import printable
 from django_redlock.adapters.answers import retry_after_seconds
 from django_redlock.adapters.keys import Keys, KeysSpec
+from django_redlock.celery_send import TaskAlreadyQueued, WhenDuplicate
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = [
@@ -59,26 +60,8 @@ SKIPPED: Final = "django_redlock:skipped"
 WhenLocked = Literal["skip", "retry", "wait", "fail"]
 MODES: tuple[str, ...] = ("skip", "retry", "wait", "fail")
 
-#: What ``.delay()`` of a ``lock_on_send`` task does while the same task is queued or running.
-WhenDuplicate = Literal["raise", "result"]
-DUPLICATE_MODES: tuple[str, ...] = ("raise", "result")
-
-#: The message header of a task sent under its lock (``lock_on_send``): the lock's resources and its
-#: holder's token, which the worker needs to take the lock over (:meth:`LockManager.adopt`).
-HEADER: Final = "redlock_hold"
-
 F = TypeVar("F", bound=Callable[..., Any])
 
-
-class TaskAlreadyQueued(LockNotAcquired):
-    """``.delay()`` / ``.apply_async()`` of a ``lock_on_send`` task refused: the same task (the
-    same lock) is already queued or running. ``task_id`` is that task's id, when the lock's label
-    tells it (None otherwise, e.g. when something else holds the resource)."""
-
-    def __init__(self, message: str, *, task_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        #: The id of the queued or running task that holds the lock, or None.
-        self.task_id = task_id
 
 _current: ContextVar[Lock | None] = ContextVar("django_redlock_task_lock", default=None)
 
@@ -162,7 +145,7 @@ def redlock_task(
     while the body runs. A retry keeps it; success, failure, a rejection or
     a revoke release it. See :ref:`celery-lock-on-send`.
     """
-    _check_send(lock_on_send, queued_ttl, when_duplicate)
+    celery_send.check_send(lock_on_send, queued_ttl, when_duplicate)
     if when_locked not in MODES:
         raise ImproperlyConfigured(f"when_locked must be one of {', '.join(map(repr, MODES))}; got {when_locked!r}.")
     if when_locked == "wait":
@@ -193,7 +176,7 @@ def redlock_task(
     def decorator(func: F) -> F:
         _check_target(func)
         spec = Keys(key, func)
-        send = _Send(queued_ttl, when_duplicate) if lock_on_send else None
+        send = celery_send.Send(queued_ttl, when_duplicate) if lock_on_send else None
         runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label, aliases, retry_countdown, send)
 
         @functools.wraps(func)
@@ -206,19 +189,6 @@ def redlock_task(
         return wrapper  # type: ignore[return-value]
 
     return decorator
-
-
-def _check_send(lock_on_send: Any, queued_ttl: Any, when_duplicate: Any) -> None:
-    if not isinstance(lock_on_send, bool):
-        raise ImproperlyConfigured(f"lock_on_send must be True or False; got {lock_on_send!r}.")
-    if when_duplicate not in DUPLICATE_MODES:
-        raise ImproperlyConfigured(
-            f"when_duplicate must be one of {', '.join(map(repr, DUPLICATE_MODES))}; got {when_duplicate!r}."
-        )
-    if not lock_on_send and (queued_ttl is not None or when_duplicate != "raise"):
-        raise ImproperlyConfigured("queued_ttl and when_duplicate are only used with lock_on_send=True.")
-    if queued_ttl is not None:
-        base.check_ttl(queued_ttl, 1.0, "queued_ttl")
 
 
 def _atomic_aliases(atomic: Any) -> tuple[str, ...]:
@@ -246,29 +216,9 @@ def _check_target(func: Any) -> None:
 
 
 @dataclass(frozen=True)
-class _Send:
-    """``lock_on_send``'s options: how long the lock lives while the task is queued, what a duplicate gets."""
-
-    queued_ttl: float | None
-    when_duplicate: str
-
-    def ttl(self) -> float:
-        """The queued lock's ttl: ``queued_ttl``, at most ``REDLOCK['MAX_TTL']`` (its default)."""
-        limit = float(conf.get_config()["MAX_TTL"])
-        if self.queued_ttl is None:
-            return limit
-        if self.queued_ttl > limit:
-            raise ValueError(
-                f"queued_ttl ({self.queued_ttl:g} s) is above REDLOCK['MAX_TTL'] ({limit:g} s): use a shorter "
-                "queued_ttl, or raise MAX_TTL on every client of these nodes."
-            )
-        return self.queued_ttl
-
-
-@dataclass(frozen=True)
 class _Runner:
-    """One decorated task body: acquire (or take over the lock taken when it was sent), run under the
-    watchdog, release, judge; and, for ``lock_on_send``, the lock taken when the task is sent."""
+    """One decorated task body: acquire (after releasing the lock it was sent under), run under the
+    watchdog, release (or keep for a retry), judge."""
 
     func: Callable[..., Any]
     spec: Keys
@@ -279,7 +229,7 @@ class _Runner:
     label: str | None
     atomic: tuple[str, ...]
     retry_countdown: float | None = None
-    send: _Send | None = None
+    send: celery_send.Send | None = None
 
     def __call__(self, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from django_redlock.manager import get_lock_manager
@@ -295,18 +245,19 @@ class _Runner:
                 "the task is sent: @app.task(base=RedlockTask, ...)."
             )
         manager = get_lock_manager()
-        hold: Any = self._take_over(manager, task, resource) if sent else None
-        if hold is None:
-            label = self._label(task.name, task.request.id) if sent else self.label
-            waits = self.when_locked == "wait"
-            hold = manager.lock(
-                resource,
-                self.ttl,
-                blocking=waits,
-                timeout=self.wait_timeout if waits else None,
-                label=label if label is not None else _label(task),
-                auto_extend=self.auto_extend,
-            )
+        label = self.label if self.label is not None else _label(task)
+        if sent:
+            celery_send.take_over(manager, task, resource, _describe(task, name))
+            label = celery_send.label(self.label, name, task.request.id)
+        waits = self.when_locked == "wait"
+        hold = manager.lock(
+            resource,
+            self.ttl,
+            blocking=waits,
+            timeout=self.wait_timeout if waits else None,
+            label=label,
+            auto_extend=self.auto_extend,
+        )
         try:
             lock = hold.__enter__()
         except QuorumUnavailable:
@@ -323,16 +274,16 @@ class _Runner:
                 raise task.retry(countdown=countdown, exc=error) from None
             raise
         if sent:
-            _carry(task, lock)
+            celery_send.carry(task, lock)
         token = _current.set(lock)
         try:
             # A transaction asked for commits inside the lock, while it is still held, before the release.
             result = transactions.run(list(self.atomic), lock, lambda: self.func(*args, **kwargs))
         except BaseException as exc:
             _current.reset(token)
-            if sent and _may_retry(task, exc):
+            if sent and celery_send.may_retry(task, exc):
                 # Kept (and kept alive) until Celery tells what became of the task: a retry keeps it.
-                vars(task.request)[_KEPT] = (lock, self.send)
+                vars(task.request)[celery_send.KEPT] = (lock, self.send)
                 raise
             # Asked as if the body had ended well, for the log line: the body's own exception goes on.
             if hold.leave() is not None and not isinstance(exc, Retry):
@@ -347,172 +298,12 @@ class _Runner:
             )
         return result
 
-    def _label(self, name: str, task_id: str | None) -> str:
-        """The label of a ``lock_on_send`` lock: it ends with the task's id, which a duplicate may be given."""
-        return printable(f"{self._prefix(name)}{task_id}]")
-
-    def _prefix(self, name: str) -> str:
-        return printable(f"{self.label}[" if self.label is not None else f"celery {name}[")
-
-    def _take_over(self, manager: Any, task: Any, resource: Any) -> _Adopted | None:
-        """The lock taken when this task was sent, taken over here; None when there is none to take over."""
-        header = _header((task.request.headers or {}).get(HEADER))
-        if header is None:
-            return None
-        try:
-            lock = manager.adopt(resource, header[1], ttl=self.ttl)
-        except QuorumUnavailable:
-            raise
-        except (LockLost, ValueError) as error:
-            logger.warning(
-                "Task %s: the lock taken when it was sent on %r is no longer held (%s); taking it now.",
-                _describe(task, task.name), base.name_of(base.check_resources(resource)),
-                "it waited longer than queued_ttl, or was released" if isinstance(error, LockLost) else "other arguments",
-            )
-            return None
-        if self.auto_extend:
-            manager._watch(lock, None, None)
-        return _Adopted(lock)
-
-    def sent(self, task: Any, args: Any, kwargs: Any, options: dict[str, Any], send: Callable[..., Any]) -> Any:
-        """``apply_async`` of a ``lock_on_send`` task: take the lock, send the message that carries it
-        (released if sending fails); refuse a duplicate."""
-        from django_redlock.manager import get_lock_manager
-
-        assert self.send is not None
-        headers = dict(options.get("headers") or {})
-        if HEADER in headers:
-            return send(args, kwargs, **options)  # a retry: the lock is kept for it
-        check = getattr(task, "__header__", None)
-        if task.typing and check is not None:
-            check(*(args or ()), **(kwargs or {}))  # what Celery checks when sending, before the lock is taken
-        call_args = (task, *(args or ())) if _bound(task) else tuple(args or ())
-        resource = self.spec.format(call_args, dict(kwargs or {}))
-        queued_ttl = self.send.ttl()
-        task_id = options.get("task_id") or uuid()
-        manager = get_lock_manager()
-        try:
-            lock = manager.acquire(resource, queued_ttl, blocking=False, label=self._label(task.name, task_id))
-        except QuorumUnavailable:
-            raise
-        except LockNotAcquired as error:
-            queued = self._queued_id(manager, resource, task.name)
-            if queued is not None and self.send.when_duplicate == "result":
-                logger.info("Task %s not sent: task %s holds %r.", task.name, queued, error.resource)
-                return task.AsyncResult(queued)
-            holder = f"task {queued} (queued or running)" if queued is not None else "another holder"
-            raise TaskAlreadyQueued(
-                f"Task {task.name} not sent: {error.resource!r} is locked by {holder}.",
-                task_id=queued, resource=error.resource, granted=error.granted, quorum=error.quorum,
-                total=error.total, failures=error.failures, retry_after=error.retry_after,
-            ) from None
-        headers[HEADER] = [list(lock.resources), lock.token]
-        try:
-            return send(args, kwargs, **{**options, "task_id": task_id, "headers": headers})
-        except BaseException:
-            lock.release()  # never sent (or not known to be): nothing will take it over
-            raise
-
-    def _queued_id(self, manager: Any, resource: Any, name: str) -> str | None:
-        """The id of the task whose lock holds ``resource``, read from its label; None if not such a lock."""
-        try:
-            record = manager.lock_record(base.check_resources(resource)[0])
-        except LockNotAcquired:
-            return None
-        label = record.holder.label if record is not None else None
-        prefix = self._prefix(name)
-        if not label or not label.startswith(prefix) or not label.endswith("]"):
-            return None
-        task_id = label[len(prefix) : -1]
-        return task_id if task_id and "[" not in task_id else None
-
-
-class _Adopted:
-    """A lock taken over from the sender, entered and left like a hold."""
-
-    def __init__(self, lock: Lock) -> None:
-        self.lock = lock
-
-    def __enter__(self) -> Lock:
-        return self.lock
-
-    def leave(self, raised: bool = False) -> LockLost | None:
-        self.lock.release()
-        return self.lock._loss_to_report(raised)
-
-
-#: Where a ``lock_on_send`` task's lock waits, on the task's request, for what Celery does after the body raised.
-_KEPT: Final = "_redlock_kept"
-
-
-def _header(value: Any) -> tuple[list[str], str] | None:
-    """``(resources, token)`` of a :data:`HEADER`, or None when absent or malformed (it came from the broker)."""
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        resources, token = value
-        if isinstance(token, str) and token and isinstance(resources, list) and resources:
-            if all(isinstance(r, str) for r in resources):
-                return resources, token
-    return None
-
-
-def _carry(task: Any, lock: Lock) -> None:
-    """Put the lock in the request's headers: a retry's message carries them, and the lock, on."""
-    task.request.headers = {**(task.request.headers or {}), HEADER: [list(lock.resources), lock.token]}
-
-
-def _may_retry(task: Any, exc: BaseException) -> bool:
-    """Whether Celery retries the task after its body raised ``exc``: ``self.retry()``, or ``autoretry_for``."""
-    retried = tuple(getattr(task, "autoretry_for", None) or ())
-    spared = tuple(getattr(task, "dont_autoretry_for", None) or ())
-    return isinstance(exc, Retry) or (isinstance(exc, retried) and not isinstance(exc, spared))
-
-
-def _bound(task: Any) -> bool:
-    """Whether the task's body takes the task as its first argument (``bind=True``, a class's ``run``)."""
-    return inspect.ismethod(getattr(task, "_orig_run", task.run))
-
 
 def _log_lost(task: Any, name: str, exc: BaseException, lock: Lock) -> None:
     logger.error(
         "Task %s raised %s and its lock %r was lost while it ran (%s).",
         _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
     )
-
-
-@task_postrun.connect(weak=False, dispatch_uid="django_redlock.celery.finished")
-def _finished(task: Any = None, state: str | None = None, **_: Any) -> None:
-    """After a ``lock_on_send`` body raised what may be retried: a retry keeps the lock (queued again),
-    anything else releases it."""
-    request = getattr(task, "request", None)
-    kept = vars(request).pop(_KEPT, None) if request is not None else None
-    if kept is None:
-        return
-    lock, send = kept
-    if state == states.RETRY:
-        try:
-            lock.extend(send.ttl())  # it waits in the queue again
-        except (LockLost, LockNotAcquired, ValueError) as error:
-            logger.warning("Task %s: its lock %r could not be kept for the retry (%s).", _describe(task, task.name), lock.resource, error)
-        finally:
-            lock.manager._forget(lock)  # the retry's run keeps it alive again
-        return
-    lock.release()
-    if lock.lost and state != states.SUCCESS:
-        logger.error("Task %s ended %s and its lock %r was lost while it ran (%s).", _describe(task, task.name), state, lock.resource, lock.lost_reason)
-
-
-@task_revoked.connect(weak=False, dispatch_uid="django_redlock.celery.revoked")
-def _revoked(request: Any = None, **_: Any) -> None:
-    """A revoked (or expired) ``lock_on_send`` task: release the lock taken when it was sent."""
-    header = _header((getattr(request, "headers", None) or {}).get(HEADER))
-    if header is None:
-        return
-    from django_redlock.manager import get_lock_manager
-
-    try:
-        get_lock_manager().adopt(header[0], header[1]).release()
-    except (LockLost, LockNotAcquired, ValueError):
-        pass  # already released, expired or taken over; or the nodes are down: it expires by itself
 
 
 def _running_task(wrapper: Callable[..., Any]) -> Any:
@@ -617,7 +408,7 @@ class RedlockTask(celery.Task):  # type: ignore[misc]
         runner = _runner_of(getattr(self, "_orig_run", self.run))
         if runner is None or runner.send is None:
             return super().apply_async(args, kwargs, **options)
-        return runner.sent(self, args, kwargs, options, super().apply_async)
+        return runner.send.send(runner.spec.format, runner.label, self, args, kwargs, options, super().apply_async)
 
 
 def _runner_of(run: Any) -> _Runner | None:

@@ -29,6 +29,7 @@ from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 
 import celery.result  # noqa: E402
 from django_redlock.celery import SKIPPED, RedlockTask, TaskAlreadyQueued, current_lock, redlock_task  # noqa: E402
+from django_redlock.celery_send import HEADER  # noqa: E402
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable  # noqa: E402
 from django_redlock.manager import get_lock_manager  # noqa: E402
 from django_redlock.testing import RedisServer  # noqa: E402
@@ -380,13 +381,27 @@ def test_lock_on_send_a_failure_releases_a_retry_keeps_it(worker, lock_nodes):
     assert not get_lock_manager().is_locked("once-f") and not ran(other)
 
 
+def test_lock_on_send_a_second_delivery_of_the_message_cannot_take_it_over(worker, lock_nodes):
+    first, second = tag(), tag()
+    sent = get_lock_manager().acquire("once-twice", ttl=20, blocking=False)  # as apply_async takes it
+    header = {HEADER: [list(sent.resources), sent.token]}
+    a = tasks.once_job.apply_async(("twice", first), {"hold": True}, headers=header)
+    expect(first, "start")
+    assert not sent.owned()  # the worker released the lock the task was sent under, and took its own
+    assert holder_label("once-twice") == f"celery tests.celery_app.once_job[{a.id}]"
+    b = tasks.once_job.apply_async(("twice", second), headers=header)  # the same message, delivered again
+    assert b.get(timeout=WAIT) == SKIPPED and not ran(second)  # it met the running one's lock
+    open_gate(first)
+    assert a.get(timeout=WAIT) == f"done {first}"
+
+
 def test_lock_on_send_a_revoked_task_releases_its_lock(worker, lock_nodes):
     name = tag()
     a = tasks.once_job.apply_async(("rev", name), countdown=1)
     sent = time.monotonic()
     a.revoke()
     wait_until_free("once-rev", WAIT)  # released by the worker when it drops the task, at its eta
-    assert time.monotonic() - sent < 6 - 1  # released: the queued lock's 6 s ttl did not run out
+    assert time.monotonic() - sent < 20 - 5  # released: the queued lock's 20 s ttl did not run out
     assert not ran(name)
     assert tasks.once_job.delay("rev", name).get(timeout=WAIT) == f"done {name}"
 
@@ -426,17 +441,16 @@ def test_lock_on_send_a_worker_killed_mid_task_leaves_a_lock_that_expires(
     doomed = run_worker(broker, redis_servers, str(tmp_path / "doomed.log"), "doomed")
     running = next(doomed)
     try:
-        sent = time.monotonic()
         tasks.once_job.apply_async(("kill", name), {"hold": True}, queue="doomed")
         expect(name, "start")
         running.process.kill()  # SIGKILL mid-task: no release; the keep-alive dies with it
         running.process.wait()
-        with pytest.raises(TaskAlreadyQueued):
+        killed = time.monotonic()
+        with pytest.raises(TaskAlreadyQueued) as refused:
             tasks.once_job.delay("kill", after)
+        assert refused.value.retry_after <= 2  # the worker's lock (ttl 2 s), not the one sent (queued_ttl 20 s)
         wait_until_free("once-kill", WAIT)
-        # Nobody released it: it lived out the later of the queued_ttl (6 s) set when it was
-        # sent and the task's ttl (2 s) after the dead worker's last extension.
-        assert time.monotonic() - sent >= 6 - 0.1
+        assert time.monotonic() - killed < 20 - 5  # it expired by the task's ttl
     finally:
         doomed.close()
     assert tasks.once_job.delay("kill", after).get(timeout=WAIT) == f"done {after}"  # accepted once it expired
