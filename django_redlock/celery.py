@@ -274,22 +274,24 @@ class _Runner:
                 raise task.retry(countdown=countdown, exc=error) from None
             raise
         if sent:
-            celery_send.carry(task, lock)
+            vars(task.request)[celery_send.KEPT] = lock  # a retry's message takes it over
         token = _current.set(lock)
         try:
             # A transaction asked for commits inside the lock, while it is still held, before the release.
             result = transactions.run(list(self.atomic), lock, lambda: self.func(*args, **kwargs))
         except BaseException as exc:
             _current.reset(token)
-            if sent and celery_send.may_retry(task, exc):
-                # Kept (and kept alive) until Celery tells what became of the task: a retry keeps it.
-                vars(task.request)[celery_send.KEPT] = (lock, self.send)
-                raise
+            if sent and celery_send.may_retry(task, exc) and vars(task.request).get(celery_send.KEPT) is lock:
+                raise  # kept for the retry autoretry_for may send; released after the task if it does not
+            if sent:
+                vars(task.request).pop(celery_send.KEPT, None)
             # Asked as if the body had ended well, for the log line: the body's own exception goes on.
             if hold.leave() is not None and not isinstance(exc, Retry):
                 _log_lost(task, name, exc, lock)
             raise
         _current.reset(token)
+        if sent:
+            vars(task.request).pop(celery_send.KEPT, None)
         lost = hold.leave()  # found by the watchdog while the body ran, or by the release itself
         if lost is not None:
             raise LockLost(

@@ -1,14 +1,15 @@
 """The lock a Celery task takes when it is sent (``lock_on_send``), handed to the worker that runs it.
 
 :class:`~django_redlock.celery.RedlockTask`'s ``apply_async`` takes the lock
-on the task's resource for ``queued_ttl`` seconds, labelled with the task's id,
-and sends the holder's token in a message header (:data:`HEADER`); a send
-while it is held raises :class:`TaskAlreadyQueued` or returns the holding
-task's result. The worker adopts the lock and releases it, then takes it
-again with the task's own ttl and keep-alive: a second delivery of the same
-message can no longer adopt it, and a killed worker's lock expires by the
-task's ttl. A retry keeps the lock (queued again); anything else Celery does
-with the task releases it (:func:`finished`, :func:`revoked`).
+on the task's resource for ``queued_ttl`` seconds, labelled with the task's id
+and "(queued)", and marks the message (:data:`HEADER`: the resources and that
+label, nothing secret); a send while it is held raises
+:class:`TaskAlreadyQueued` or returns the holding task's result. The worker
+finds the lock by its label on the nodes, releases it and takes the lock again
+with the task's own label, ttl and keep-alive: a second delivery of the same
+message no longer finds it, and a killed worker's lock expires by the task's
+ttl. A retry's message turns the running task's lock back into a queued one;
+a revoked task's lock is released by the worker that drops it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from celery.utils import uuid
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import conf
-from django_redlock.core import Lock, base
+from django_redlock.core import base
 from django_redlock.core.records import printable
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
@@ -38,11 +39,14 @@ logger = logging.getLogger("django_redlock")
 WhenDuplicate = Literal["raise", "result"]
 DUPLICATE_MODES: tuple[str, ...] = ("raise", "result")
 
-#: The message header of a task sent under its lock: ``[resources, token]``, what the worker
-#: needs to take the lock over (:meth:`~django_redlock.core.LockManager.adopt`).
-HEADER: Final = "redlock_hold"
+#: The message header of a task sent under its lock: ``[resources, label]``, the lock's resources
+#: and its holder's label, by which the worker finds it on the nodes.
+HEADER: Final = "redlock_sent"
 
-#: Where a lock waits, on the task's request, for what Celery does after the body raised.
+#: The end of a queued task's lock label.
+QUEUED: Final = " (queued)"
+
+#: Where the running task's lock is kept, on its request, for a retry's message to take over.
 KEPT: Final = "_redlock_kept"
 
 
@@ -73,7 +77,7 @@ def check_send(lock_on_send: Any, queued_ttl: Any, when_duplicate: Any) -> None:
 
 
 def label(own: str | None, name: str, task_id: Any) -> str:
-    """The label of a ``lock_on_send`` task's lock: it ends with the task's id, which a duplicate may be given."""
+    """The label of a ``lock_on_send`` task's lock while it runs: it ends with the task's id."""
     return printable(f"{_prefix(own, name)}{task_id}]")
 
 
@@ -110,7 +114,7 @@ class Send:
 
         headers = dict(options.get("headers") or {})
         if HEADER in headers:
-            return send(args, kwargs, **options)  # a retry: the lock is kept for it
+            return self._retry(task, args, kwargs, options, send)
         check = getattr(task, "__header__", None)
         if task.typing and check is not None:
             check(*(args or ()), **(kwargs or {}))  # what Celery checks when sending, before the lock is taken
@@ -119,36 +123,60 @@ class Send:
         queued_ttl = self.ttl()
         task_id = options.get("task_id") or uuid()
         manager = get_lock_manager()
+        queued = label(own_label, task.name, task_id) + QUEUED
         try:
-            lock = manager.acquire(resource, queued_ttl, blocking=False, label=label(own_label, task.name, task_id))
+            lock = manager.acquire(resource, queued_ttl, blocking=False, label=queued)
         except QuorumUnavailable:
             raise
         except LockNotAcquired as error:
-            queued = _queued_id(manager, resource, _prefix(own_label, task.name))
-            if queued is not None and self.when_duplicate == "result":
-                logger.info("Task %s not sent: task %s holds %r.", task.name, queued, error.resource)
-                return task.AsyncResult(queued)
-            holder = f"task {queued} (queued or running)" if queued is not None else "another holder"
+            holder = _holder_id(manager, resource, _prefix(own_label, task.name))
+            if holder is not None and self.when_duplicate == "result":
+                logger.info("Task %s not sent: task %s holds %r.", task.name, holder, error.resource)
+                return task.AsyncResult(holder)
+            who = f"task {holder} (queued or running)" if holder is not None else "another holder"
             raise TaskAlreadyQueued(
-                f"Task {task.name} not sent: {error.resource!r} is locked by {holder}.",
-                task_id=queued, resource=error.resource, granted=error.granted, quorum=error.quorum,
+                f"Task {task.name} not sent: {error.resource!r} is locked by {who}.",
+                task_id=holder, resource=error.resource, granted=error.granted, quorum=error.quorum,
                 total=error.total, failures=error.failures, retry_after=error.retry_after,
             ) from None
-        headers[HEADER] = [list(lock.resources), lock.token]
+        headers[HEADER] = [list(lock.resources), queued]
         try:
             return send(args, kwargs, **{**options, "task_id": task_id, "headers": headers})
         except BaseException:
             lock.release()  # not sent (or not known to be): nothing will take it over
             raise
 
+    def _retry(self, task: Any, args: Any, kwargs: Any, options: dict[str, Any], send: Callable[..., Any]) -> Any:
+        """A retry's message: the running task's lock becomes its retry's queued lock, as when it was sent."""
+        from django_redlock.manager import get_lock_manager
 
-def _queued_id(manager: Any, resource: Any, prefix: str) -> str | None:
+        request = task.request
+        mark = _header(options["headers"][HEADER])
+        kept = vars(request).pop(KEPT, None) if request.id == options.get("task_id") else None
+        if kept is None or mark is None:
+            return send(args, kwargs, **options)  # no lock held for it: the retry takes it when it runs
+        kept.release()
+        try:
+            queued = get_lock_manager().acquire(kept.resources, self.ttl(), blocking=False, label=mark[1])
+        except LockNotAcquired:
+            queued = None  # taken in between: the retry meets that lock, and when_locked decides
+        try:
+            return send(args, kwargs, **options)
+        except BaseException:
+            if queued is not None:
+                queued.release()
+            raise
+
+
+def _holder_id(manager: Any, resource: Any, prefix: str) -> str | None:
     """The id of the task whose lock holds ``resource``, read from its label; None if it is no such lock."""
     try:
         record = manager.lock_record(base.check_resources(resource)[0])
     except LockNotAcquired:
         return None
     text = record.holder.label if record is not None else None
+    if text and text.endswith(QUEUED):
+        text = text[: -len(QUEUED)]
     if not text or not text.startswith(prefix) or not text.endswith("]"):
         return None
     task_id = text[len(prefix) : -1]
@@ -156,40 +184,43 @@ def _queued_id(manager: Any, resource: Any, prefix: str) -> str | None:
 
 
 def take_over(manager: Any, task: Any, resource: Any, describe: str) -> None:
-    """Release the lock this task was sent under, which the caller then takes again as its own.
-
-    Its token travelled in the message: a second delivery of it must not find it
-    adoptable while this one runs, and the lock taken again lives by the task's
-    ttl, not by ``queued_ttl``.
-    """
-    header = _header((task.request.headers or {}).get(HEADER))
-    if header is None:
+    """Release the lock this task was sent under (found by its label), which the caller then takes
+    again as its own: under another label, so that a second delivery of the same message does not
+    find it, and with the task's ttl rather than ``queued_ttl``."""
+    request = task.request
+    mark = _header((request.headers or {}).get(HEADER))
+    if mark is None:
         return
-    try:
-        manager.adopt(resource, header[1]).release()
-    except QuorumUnavailable:
-        raise
-    except (LockLost, ValueError) as error:
-        why = "it waited longer than queued_ttl, or was released" if isinstance(error, LockLost) else "other arguments"
+    name = base.name_of(base.check_resources(resource))
+    if _sent_under(mark, request.id):
+        record = manager.lock_record(base.check_resources(resource)[0])
+        holder = record.holder if record is not None else None
+        if holder is not None and holder.label == mark[1]:
+            try:
+                manager.adopt(resource, holder.token).release()
+                return
+            except (LockLost, ValueError):
+                pass  # released or expired meanwhile
+    if not request.is_eager:
         logger.warning(
-            "Task %s: the lock taken when it was sent on %r is no longer held (%s); taking it now.",
-            describe, base.name_of(base.check_resources(resource)), why,
+            "Task %s: the lock it was sent under on %r is no longer held (it waited longer than queued_ttl, "
+            "or was released); taking it now.", describe, name,
         )
 
 
+def _sent_under(mark: tuple[list[str], str], task_id: Any) -> bool:
+    """Whether the label of a :data:`HEADER` is a queued lock's of the task with this id."""
+    return mark[1].endswith(printable(f"[{task_id}]") + QUEUED)
+
+
 def _header(value: Any) -> tuple[list[str], str] | None:
-    """``(resources, token)`` of a :data:`HEADER`, or None when absent or malformed (it came from the broker)."""
+    """``(resources, label)`` of a :data:`HEADER`, or None when absent or malformed (it came from the broker)."""
     if isinstance(value, (list, tuple)) and len(value) == 2:
-        resources, token = value
-        if isinstance(token, str) and token and isinstance(resources, list) and resources:
+        resources, text = value
+        if isinstance(text, str) and text and isinstance(resources, list) and resources:
             if all(isinstance(r, str) for r in resources):
-                return resources, token
+                return resources, text
     return None
-
-
-def carry(task: Any, lock: Lock) -> None:
-    """Put the lock in the request's headers: a retry's message carries them, and the lock, on."""
-    task.request.headers = {**(task.request.headers or {}), HEADER: [list(lock.resources), lock.token]}
 
 
 def may_retry(task: Any, exc: BaseException) -> bool:
@@ -205,38 +236,32 @@ def _bound(task: Any) -> bool:
 
 
 def finished(task: Any = None, state: str | None = None, **_: Any) -> None:
-    """After a body raised what may be retried: a retry keeps the lock (queued again), anything else releases it."""
+    """After the task: release a lock kept for a retry that was not sent (``autoretry_for`` gave up)."""
     request = getattr(task, "request", None)
     kept = vars(request).pop(KEPT, None) if request is not None else None
     if kept is None:
         return
-    lock, send = kept
-    if state == states.RETRY:
-        try:
-            lock.extend(send.ttl())  # it waits in the queue again
-        except (LockLost, LockNotAcquired, ValueError) as error:
-            logger.warning("Task %s: its lock %r could not be kept for the retry (%s).", task.name, lock.resource, error)
-        finally:
-            lock.manager._forget(lock)  # the retry's run keeps it alive again
-        return
-    lock.release()
-    if lock.lost:
+    kept.release()
+    if kept.lost:
         logger.error(
-            "Task %s ended %s and its lock %r was lost while it ran (%s).", task.name, state, lock.resource, lock.lost_reason
+            "Task %s ended %s and its lock %r was lost while it ran (%s).", task.name, state, kept.resource, kept.lost_reason
         )
 
 
 def revoked(request: Any = None, **_: Any) -> None:
-    """A revoked (or expired) task: release the lock taken when it was sent."""
-    header = _header((getattr(request, "headers", None) or {}).get(HEADER))
-    if header is None:
+    """A revoked (or expired) task: release the lock it was sent under."""
+    mark = _header((getattr(request, "headers", None) or {}).get(HEADER))
+    if mark is None or not _sent_under(mark, getattr(request, "id", None)):
         return
     from django_redlock.manager import get_lock_manager
 
+    manager = get_lock_manager()
     try:
-        get_lock_manager().adopt(header[0], header[1]).release()
+        record = manager.lock_record(mark[0][0])
+        if record is not None and record.holder.label == mark[1]:
+            manager.adopt(mark[0], record.holder.token).release()
     except (LockLost, LockNotAcquired, ValueError):
-        pass  # already released, expired or taken over; or the nodes are down: it expires by itself
+        pass  # released, expired or taken over; or the nodes are down: it expires by itself
 
 
 task_postrun.connect(finished, weak=False, dispatch_uid="django_redlock.celery_send.finished")

@@ -318,13 +318,14 @@ def wait_until_free(resource: str, timeout: float) -> float:
 def test_lock_on_send_refuses_a_duplicate_while_queued_and_while_running(worker, lock_nodes):
     first, second, third = tag(), tag(), tag()
     a = tasks.once_job.apply_async(("q", first), {"hold": True}, countdown=2)  # queued for two seconds
-    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}]"
+    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}] (queued)"  # `redlock list`
     with pytest.raises(TaskAlreadyQueued) as queued:
         tasks.once_job.delay("q", second)
     assert not ran(first)  # refused while the first one was still in the queue
     assert isinstance(queued.value, LockNotAcquired) and queued.value.task_id == a.id
     assert a.id in str(queued.value) and "once-q" in str(queued.value)
     expect(first, "start")  # now running, kept alive past its ttl (2 s) by the worker
+    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}]"
     with pytest.raises(TaskAlreadyQueued):
         tasks.once_job.delay("q", second)
     with pytest.raises(TaskAlreadyQueued):
@@ -337,19 +338,35 @@ def test_lock_on_send_refuses_a_duplicate_while_queued_and_while_running(worker,
     assert tasks.once_job.delay("q", second).get(timeout=WAIT) == f"done {second}"
 
 
-def test_lock_on_send_never_shows_the_token(worker, lock_nodes):
+def test_lock_on_send_the_message_carries_no_secret(worker, lock_nodes):
+    from celery.signals import before_task_publish
+
     name = tag()
-    seen = []
-    a = tasks.once_job.apply_async(("secret", name), {"hold": True})
+    published = []
+
+    def record(headers=None, body=None, **kwargs):
+        published.append(repr((headers, body)))
+
+    before_task_publish.connect(record)
+    try:
+        a = tasks.once_job.apply_async(("secret", name), {"hold": True})
+    finally:
+        before_task_publish.disconnect(record)
+    label = f"celery tests.celery_app.once_job[{a.id}] (queued)"
+    assert HEADER in published[0] and label in published[0]  # the message names the lock by its label
+    record = get_lock_manager().lock_record("once-secret")
+    token = record.holder.token if record is not None else ""
     expect(name, "start")
-    token = get_lock_manager().lock_record("once-secret").holder.token
+    running = get_lock_manager().lock_record("once-secret").holder
+    assert running.label == f"celery tests.celery_app.once_job[{a.id}]"  # the worker's own lock
     with pytest.raises(TaskAlreadyQueued) as refused:
         tasks.once_job.delay("secret", name)
-    seen += [str(refused.value), repr(refused.value), holder_label("once-secret")]
+    shown = [published[0], str(refused.value), repr(refused.value)]
     open_gate(name)
     assert a.get(timeout=WAIT) == f"done {name}"
-    seen.append(worker.output())
-    assert len(token) == 40 and not any(token in text for text in seen)
+    shown.append(worker.output())
+    for secret in (token, running.token):
+        assert len(secret) == 40 and not any(secret in text for text in shown)
 
 
 def test_lock_on_send_returns_the_queued_tasks_result_with_when_duplicate_result(worker, lock_nodes):
@@ -383,16 +400,21 @@ def test_lock_on_send_a_failure_releases_a_retry_keeps_it(worker, lock_nodes):
 
 def test_lock_on_send_a_second_delivery_of_the_message_cannot_take_it_over(worker, lock_nodes):
     first, second = tag(), tag()
-    sent = get_lock_manager().acquire("once-twice", ttl=20, blocking=False)  # as apply_async takes it
-    header = {HEADER: [list(sent.resources), sent.token]}
-    a = tasks.once_job.apply_async(("twice", first), {"hold": True}, headers=header)
+    task_id = str(uuid.uuid4())
+    label = f"celery tests.celery_app.once_job[{task_id}] (queued)"
+    sent = get_lock_manager().acquire("once-twice", ttl=20, blocking=False, label=label)  # as apply_async does
+    header = {HEADER: [["once-twice"], label]}
+    tasks.once_job.apply_async(("twice", first), {"hold": True}, task_id=task_id, headers=header)
     expect(first, "start")
     assert not sent.owned()  # the worker released the lock the task was sent under, and took its own
-    assert holder_label("once-twice") == f"celery tests.celery_app.once_job[{a.id}]"
-    b = tasks.once_job.apply_async(("twice", second), headers=header)  # the same message, delivered again
-    assert b.get(timeout=WAIT) == SKIPPED and not ran(second)  # it met the running one's lock
+    assert holder_label("once-twice") == f"celery tests.celery_app.once_job[{task_id}]"
+    # The same message delivered again (same id, same header): it does not find the running one's
+    # lock under the queued label, tries to take it, and is skipped.
+    tasks.once_job.apply_async(("twice", second), task_id=task_id, headers=header)
+    assert tasks.app.AsyncResult(task_id).get(timeout=WAIT) == SKIPPED and not ran(second)
     open_gate(first)
-    assert a.get(timeout=WAIT) == f"done {first}"
+    expect(first, "end")
+    wait_until_free("once-twice", WAIT)
 
 
 def test_lock_on_send_a_revoked_task_releases_its_lock(worker, lock_nodes):
