@@ -62,7 +62,6 @@ MODES: tuple[str, ...] = ("skip", "retry", "wait", "fail")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-
 _current: ContextVar[Lock | None] = ContextVar("django_redlock_task_lock", default=None)
 
 
@@ -141,9 +140,10 @@ def redlock_task(
     again raises :class:`TaskAlreadyQueued`, or with
     ``when_duplicate="result"`` returns the queued task's ``AsyncResult``.
     The lock lives ``queued_ttl`` seconds while queued (default:
-    ``REDLOCK['MAX_TTL']``); the worker takes it over and keeps it alive
-    while the body runs. A retry keeps it; success, failure, a rejection or
-    a revoke release it. See :ref:`celery-lock-on-send`.
+    ``REDLOCK['MAX_TTL']``); the worker that runs the task takes it over
+    as its own, with ``ttl``, kept alive while the body runs. A retry keeps
+    it; success, failure, a rejection or a revoke release it. See
+    :ref:`celery-lock-on-send`.
     """
     celery_send.check_send(lock_on_send, queued_ttl, when_duplicate)
     if when_locked not in MODES:
@@ -287,7 +287,10 @@ class _Runner:
                 vars(task.request).pop(celery_send.KEPT, None)
             # Asked as if the body had ended well, for the log line: the body's own exception goes on.
             if hold.leave() is not None and not isinstance(exc, Retry):
-                _log_lost(task, name, exc, lock)
+                logger.error(
+                    "Task %s raised %s and its lock %r was lost while it ran (%s).",
+                    _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
+                )
             raise
         _current.reset(token)
         if sent:
@@ -299,13 +302,6 @@ class _Runner:
                 resource=lock.resource,
             )
         return result
-
-
-def _log_lost(task: Any, name: str, exc: BaseException, lock: Lock) -> None:
-    logger.error(
-        "Task %s raised %s and its lock %r was lost while it ran (%s).",
-        _describe(task, name), type(exc).__name__, lock.resource, lock.lost_reason,
-    )
 
 
 def _running_task(wrapper: Callable[..., Any]) -> Any:

@@ -108,7 +108,7 @@ class Send:
         self, resource_of: Callable[..., Any], own_label: str | None, task: Any, args: Any, kwargs: Any,
         options: dict[str, Any], send: Callable[..., Any],
     ) -> Any:
-        """``apply_async``: take the lock, send the message that carries it (released if sending
+        """``apply_async``: take the lock, send the message that names it (released if sending
         fails); refuse a duplicate. ``resource_of(args, kwargs)`` names the resource."""
         from django_redlock.manager import get_lock_manager
 
