@@ -172,7 +172,7 @@ def handoff_job(resource: str, token: str, tag: str) -> str:
 
 
 @app.task(base=RedlockTask, bind=True, max_retries=3)
-@redlock_task("once-{name}", ttl=2, lock_on_send=True, queued_ttl=20, when_locked="skip")
+@redlock_task("once-{name}", ttl=5, lock_on_send=True, queued_ttl=20, when_locked="skip")
 def once_job(self: Any, name: str, tag: str, hold: bool = False, retry_once: bool = False, fail: bool = False) -> str:
     """Sent under its lock. ``retry_once`` retries the first run (0.5 s later), holding on the second only."""
     if retry_once and self.request.retries == 0:

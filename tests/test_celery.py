@@ -325,7 +325,7 @@ def test_lock_on_send_refuses_a_duplicate_while_queued_and_while_running(worker,
     assert not ran(first)  # refused while the first one was still in the queue
     assert isinstance(queued.value, LockNotAcquired) and queued.value.task_id == a.id
     assert a.id in str(queued.value) and "once-q" in str(queued.value)
-    expect(first, "start")  # now running, kept alive past its ttl (2 s) by the worker
+    expect(first, "start")  # now running, kept alive by the worker
     assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}]"
     with pytest.raises(TaskAlreadyQueued):
         tasks.once_job.delay("q", second)
@@ -350,23 +350,24 @@ def test_lock_on_send_the_message_carries_no_secret(worker, lock_nodes):
 
     before_task_publish.connect(record)
     try:
-        a = tasks.once_job.apply_async(("secret", name), {"hold": True})
+        a = tasks.once_job.apply_async(("secret", name), {"hold": True}, countdown=1)
     finally:
         before_task_publish.disconnect(record)
     label = f"celery tests.celery_app.once_job[{a.id}] (queued)"
     assert HEADER in published[0] and label in published[0]  # the message names the lock by its label
-    record = get_lock_manager().lock_record("once-secret")
-    token = record.holder.token if record is not None else ""
+    queued = get_lock_manager().lock_record("once-secret").holder  # still queued (countdown=1)
+    assert queued.label == label
     expect(name, "start")
     running = get_lock_manager().lock_record("once-secret").holder
     assert running.label == f"celery tests.celery_app.once_job[{a.id}]"  # the worker's own lock
+    assert running.token != queued.token
     with pytest.raises(TaskAlreadyQueued) as refused:
         tasks.once_job.delay("secret", name)
     shown = [published[0], str(refused.value), repr(refused.value)]
     open_gate(name)
     assert a.get(timeout=WAIT) == f"done {name}"
     shown.append(worker.output())
-    for secret in (token, running.token):
+    for secret in (queued.token, running.token):
         assert len(secret) == 40 and not any(secret in text for text in shown)
 
 
@@ -471,7 +472,7 @@ def test_lock_on_send_a_worker_killed_mid_task_leaves_a_lock_that_expires(
         killed = time.monotonic()
         with pytest.raises(TaskAlreadyQueued) as refused:
             tasks.once_job.delay("kill", after)
-        assert refused.value.retry_after <= 2  # the worker's lock (ttl 2 s), not the one sent (queued_ttl 20 s)
+        assert refused.value.retry_after <= 5  # the worker's lock (ttl 5 s), not the one sent (queued_ttl 20 s)
         wait_until_free("once-kill", WAIT)
         assert time.monotonic() - killed < 20 - 5  # it expired by the task's ttl
     finally:
