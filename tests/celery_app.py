@@ -200,3 +200,11 @@ def quick_retry_job(self: Any, name: str, tag: str) -> str:
 def once_short_job(name: str, tag: str, hold: bool = False) -> str:
     """A lock that lives 1 s while queued and 1 s at a time while the body runs (kept alive)."""
     return work(tag, hold)
+
+
+@app.task(base=RedlockTask, bind=True, autoretry_for=(ValueError,), max_retries=1, retry_kwargs={"countdown": 0.5})
+@redlock_task("once-a-{name}", ttl=5, lock_on_send=True, queued_ttl=20, when_locked="skip")
+def once_autoretry_job(self: Any, name: str, tag: str) -> str:
+    """Fails every run: autoretry_for retries it once (holding on the retry), then it fails."""
+    work(tag, self.request.retries > 0)
+    raise ValueError(f"boom {tag}")

@@ -419,6 +419,22 @@ def test_lock_on_send_a_second_delivery_of_the_message_cannot_take_it_over(worke
     wait_until_free("once-twice", WAIT)
 
 
+def test_lock_on_send_autoretry_for_keeps_the_lock_until_it_gives_up(worker, lock_nodes):
+    name, other = tag(), tag()
+    a = tasks.once_autoretry_job.delay("ar", name)
+    assert [expect(name, "start")["retries"], expect(name, "end")["event"]] == [0, "end"]
+    next_retry(a.id)
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_autoretry_job.delay("ar", other)  # the retry is queued under the lock
+    assert expect(name, "start")["retries"] == 1
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_autoretry_job.delay("ar", other)  # and runs under it
+    open_gate(name)
+    failure(a, ValueError)  # max_retries=1: it gave up
+    wait_until_free("once-a-ar", WAIT)  # released after the task (the keep-alive would hold it forever)
+    assert not ran(other)
+
+
 def test_lock_on_send_a_revoked_task_releases_its_lock(worker, lock_nodes):
     name = tag()
     a = tasks.once_job.apply_async(("rev", name), countdown=1)
