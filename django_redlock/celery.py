@@ -3,8 +3,10 @@
 The lock is taken when the task starts running (in a worker, or eagerly), on a
 resource named from the task's arguments, kept alive by the watchdog while the
 body runs, and released when the body returns or raises. When another holder
-has it, the task is skipped, retried with ``countdown`` = the lock's
-Retry-After, waits in line, or fails, as configured per task. A lock lost
+has it, the task is skipped, retried (after ``retry_countdown``, or the lock's
+Retry-After), waits in line, or fails, as configured per task. With
+``lock_on_send`` the lock is taken when the task is sent instead, and a
+duplicate is refused then (:mod:`django_redlock.celery_send`). A lock lost
 while the body ran fails the task with :class:`~django_redlock.exceptions.LockLost`;
 too few lock nodes (:class:`~django_redlock.exceptions.QuorumUnavailable`)
 fails it too: neither is ever reported as success or as a skip.
@@ -35,15 +37,18 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 
-from django_redlock import conf
+from django_redlock import celery_send, conf
 from django_redlock.core import Lock, base
 from django_redlock.adapters import transactions
 from django_redlock.core.records import printable
 from django_redlock.adapters.answers import retry_after_seconds
 from django_redlock.adapters.keys import Keys, KeysSpec
+from django_redlock.celery_send import TaskAlreadyQueued, WhenDuplicate
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
 
-__all__ = ["SKIPPED", "RedlockTask", "WhenLocked", "current_lock", "redlock_task"]
+__all__ = [
+    "SKIPPED", "RedlockTask", "TaskAlreadyQueued", "WhenDuplicate", "WhenLocked", "current_lock", "redlock_task",
+]
 
 logger = logging.getLogger("django_redlock")
 
@@ -78,6 +83,10 @@ def redlock_task(
     auto_extend: bool = True,
     label: str | None = None,
     atomic: bool | str | Sequence[str] = False,
+    retry_countdown: float | None = None,
+    lock_on_send: bool = False,
+    queued_ttl: float | None = None,
+    when_duplicate: WhenDuplicate = "raise",
 ) -> Callable[[F], F]:
     """Run a Celery task's body while holding a Redlock; stack it under ``@app.task``.
 
@@ -99,8 +108,9 @@ def redlock_task(
     how long a crashed worker keeps it. When another holder has the lock:
 
     - ``"retry"`` (default): ``self.retry(countdown=...)``, the countdown being
-      the lock's Retry-After (at least 1 s), within the task's ``max_retries``;
-      past them the task fails with ``LockNotAcquired``;
+      ``retry_countdown`` seconds when given, else the lock's Retry-After (at
+      least 1 s; about one ttl while the holder keeps it alive), within the
+      task's ``max_retries``; past them the task fails with ``LockNotAcquired``;
     - ``"skip"``: the body does not run, the task succeeds with :data:`SKIPPED`
       (logged at INFO);
     - ``"wait"``: wait in line up to ``wait_timeout`` seconds (required), then
@@ -123,7 +133,19 @@ def redlock_task(
     (the nodes are asked); otherwise it is rolled back and the task fails
     with ``LockLost``. A body that raises (``self.retry()`` included) is
     rolled back. Its ``on_commit`` callbacks run under the lock.
+
+    ``lock_on_send=True`` takes the lock when the task is sent instead
+    (``.delay()``, ``.apply_async()``; the task's class must be
+    :class:`RedlockTask`): while the task is queued or running, sending it
+    again raises :class:`TaskAlreadyQueued`, or with
+    ``when_duplicate="result"`` returns the queued task's ``AsyncResult``.
+    The lock lives ``queued_ttl`` seconds while queued (default:
+    ``REDLOCK['MAX_TTL']``); the worker that runs the task takes it over
+    as its own, with ``ttl``, kept alive while the body runs. A retry keeps
+    it; success, failure, a rejection or a revoke release it. See
+    :ref:`celery-lock-on-send`.
     """
+    celery_send.check_send(lock_on_send, queued_ttl, when_duplicate)
     if when_locked not in MODES:
         raise ImproperlyConfigured(f"when_locked must be one of {', '.join(map(repr, MODES))}; got {when_locked!r}.")
     if when_locked == "wait":
@@ -136,6 +158,13 @@ def redlock_task(
         raise ImproperlyConfigured(
             f"wait_timeout={wait_timeout!r} is only used with when_locked='wait'; got when_locked={when_locked!r}."
         )
+    if retry_countdown is not None:
+        if when_locked != "retry":
+            raise ImproperlyConfigured(
+                f"retry_countdown={retry_countdown!r} is only used with when_locked='retry'; "
+                f"got when_locked={when_locked!r}."
+            )
+        base.check_seconds(retry_countdown, "retry_countdown", allow_zero=True)
     if ttl is not None:
         base.check_ttl(ttl, 1.0)
     base.check_flag(auto_extend, "auto_extend")
@@ -147,7 +176,8 @@ def redlock_task(
     def decorator(func: F) -> F:
         _check_target(func)
         spec = Keys(key, func)
-        runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label, aliases)
+        send = celery_send.Send(queued_ttl, when_duplicate) if lock_on_send else None
+        runner = _Runner(func, spec, ttl, when_locked, wait_timeout, auto_extend, label, aliases, retry_countdown, send)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -155,6 +185,7 @@ def redlock_task(
 
         # Celery checks call arguments against this signature (task.__header__).
         wrapper.__signature__ = inspect.signature(func)  # type: ignore[attr-defined]
+        wrapper._redlock_runner = runner  # type: ignore[attr-defined]  # RedlockTask.apply_async takes it when sent
         return wrapper  # type: ignore[return-value]
 
     return decorator
@@ -186,7 +217,8 @@ def _check_target(func: Any) -> None:
 
 @dataclass(frozen=True)
 class _Runner:
-    """One decorated task body: acquire, run under the watchdog, release, judge."""
+    """One decorated task body: acquire (after releasing the lock it was sent under), run under the
+    watchdog, release (or keep for a retry), judge."""
 
     func: Callable[..., Any]
     spec: Keys
@@ -196,6 +228,8 @@ class _Runner:
     auto_extend: bool
     label: str | None
     atomic: tuple[str, ...]
+    retry_countdown: float | None = None
+    send: celery_send.Send | None = None
 
     def __call__(self, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from django_redlock.manager import get_lock_manager
@@ -204,9 +238,19 @@ class _Runner:
         name = task.name if task is not None else getattr(self.func, "__qualname__", repr(self.func))
         resource = self.spec.format(args, kwargs)
         conf.check_max_ttl(self.ttl)
+        sent = self.send is not None and task is not None and not task.request.called_directly
+        if sent and not isinstance(task, RedlockTask):
+            raise ImproperlyConfigured(
+                f"Task {name} uses lock_on_send=True: its class must be RedlockTask, which takes the lock when "
+                "the task is sent: @app.task(base=RedlockTask, ...)."
+            )
+        manager = get_lock_manager()
         label = self.label if self.label is not None else _label(task)
+        if sent:
+            celery_send.take_over(manager, task, resource, _describe(task, name))
+            label = celery_send.label(self.label, name, task.request.id)
         waits = self.when_locked == "wait"
-        hold = get_lock_manager().lock(
+        hold = manager.lock(
             resource,
             self.ttl,
             blocking=waits,
@@ -225,16 +269,22 @@ class _Runner:
                 logger.info("Task %s skipped: %r is locked.", _describe(task, name), error.resource)
                 return SKIPPED
             if self.when_locked == "retry" and task is not None:
-                countdown = retry_after_seconds(error)
-                logger.info("Task %s retries in %d s: %r is locked.", _describe(task, name), countdown, error.resource)
+                countdown = self.retry_countdown if self.retry_countdown is not None else retry_after_seconds(error)
+                logger.info("Task %s retries in %g s: %r is locked.", _describe(task, name), countdown, error.resource)
                 raise task.retry(countdown=countdown, exc=error) from None
             raise
+        if sent:
+            vars(task.request)[celery_send.KEPT] = lock  # a retry's message takes it over
         token = _current.set(lock)
         try:
             # A transaction asked for commits inside the lock, while it is still held, before the release.
             result = transactions.run(list(self.atomic), lock, lambda: self.func(*args, **kwargs))
         except BaseException as exc:
             _current.reset(token)
+            if sent and celery_send.may_retry(task, exc) and vars(task.request).get(celery_send.KEPT) is lock:
+                raise  # kept for the retry autoretry_for may send; released after the task if it does not
+            if sent:
+                vars(task.request).pop(celery_send.KEPT, None)
             # Asked as if the body had ended well, for the log line: the body's own exception goes on.
             if hold.leave() is not None and not isinstance(exc, Retry):
                 logger.error(
@@ -243,6 +293,8 @@ class _Runner:
                 )
             raise
         _current.reset(token)
+        if sent:
+            vars(task.request).pop(celery_send.KEPT, None)
         lost = hold.leave()  # found by the watchdog while the body ran, or by the release itself
         if lost is not None:
             raise LockLost(
@@ -287,7 +339,10 @@ def _describe(task: Any, name: str) -> str:
 
 
 #: The keys of ``RedlockTask.redlock``: ``key`` (required) and :func:`redlock_task`'s keyword arguments.
-OPTION_KEYS: tuple[str, ...] = ("key", "ttl", "when_locked", "wait_timeout", "auto_extend", "label", "atomic")
+OPTION_KEYS: tuple[str, ...] = (
+    "key", "ttl", "when_locked", "wait_timeout", "auto_extend", "label", "atomic",
+    "retry_countdown", "lock_on_send", "queued_ttl", "when_duplicate",
+)
 
 
 class RedlockTask(celery.Task):  # type: ignore[misc]
@@ -299,8 +354,11 @@ class RedlockTask(celery.Task):  # type: ignore[misc]
         def build_report(customer_id): ...
 
     ``redlock`` takes ``key`` and the keyword arguments of :func:`redlock_task`
-    (``ttl``, ``when_locked``, ``wait_timeout``, ``auto_extend``, ``label``, ``atomic``),
-    with the same behaviour. It also works for class-based tasks (set the
+    (``ttl``, ``when_locked``, ``wait_timeout``, ``auto_extend``, ``label``, ``atomic``,
+    ``retry_countdown``, ``lock_on_send``, ``queued_ttl``, ``when_duplicate``),
+    with the same behaviour; a body decorated with :func:`redlock_task` needs
+    no ``redlock``. Its ``apply_async`` (``delay``) takes the lock of a
+    ``lock_on_send`` task. It also works for class-based tasks (set the
     ``redlock`` attribute and define ``run``). Mistakes are reported when
     Celery creates the task class, which for ``@shared_task`` and lazy apps is
     when the app is finalized rather than at import; :func:`redlock_task`
@@ -320,6 +378,8 @@ class RedlockTask(celery.Task):  # type: ignore[misc]
             if own_run is None:
                 return  # an intermediate base class without a body: nothing to lock yet
         options = cls.redlock
+        if options is None and _runner_of(own_run) is not None:
+            return  # @redlock_task below @app.task(base=RedlockTask): its options are the decorator's
         if options is None:
             raise ImproperlyConfigured(
                 f"Task {cls.__name__} uses RedlockTask but sets no redlock={{'key': ...}} option."
@@ -340,6 +400,19 @@ class RedlockTask(celery.Task):  # type: ignore[misc]
         wrapped = redlock_task(settings.pop("key"), **settings)(func)
         cls._redlock_raw_run = own_run
         cls.run = staticmethod(wrapped) if is_static else wrapped
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send the task; a ``lock_on_send`` task takes its lock first (see :func:`redlock_task`)."""
+        runner = _runner_of(getattr(self, "_orig_run", self.run))
+        if runner is None or runner.send is None:
+            return super().apply_async(args, kwargs, **options)
+        return runner.send.send(runner.spec.format, runner.label, self, args, kwargs, options, super().apply_async)
+
+
+def _runner_of(run: Any) -> _Runner | None:
+    """The :class:`_Runner` of a body decorated with :func:`redlock_task` (a function, method or staticmethod)."""
+    func = getattr(run, "__func__", run)
+    return getattr(func, "_redlock_runner", None)
 
 
 def _raw_run(cls: type) -> Any:

@@ -166,3 +166,45 @@ def handoff_job(resource: str, token: str, tag: str) -> str:
     finally:
         lock.release()
     return f"done {tag}"
+
+
+# -- lock_on_send: the lock is taken when the task is sent ---------------------------------------------
+
+
+@app.task(base=RedlockTask, bind=True, max_retries=3)
+@redlock_task("once-{name}", ttl=5, lock_on_send=True, queued_ttl=20, when_locked="skip")
+def once_job(self: Any, name: str, tag: str, hold: bool = False, retry_once: bool = False, fail: bool = False) -> str:
+    """Sent under its lock. ``retry_once`` retries the first run (0.5 s later), holding on the second only."""
+    if retry_once and self.request.retries == 0:
+        work(tag, False)
+        raise self.retry(countdown=0.5)
+    out = work(tag, hold)
+    if fail:
+        raise ValueError(f"boom {tag}")
+    return out
+
+
+@app.task(base=RedlockTask, redlock={"key": "once-r-{name}", "ttl": 2, "lock_on_send": True, "when_duplicate": "result"})
+def once_result_job(name: str, tag: str, hold: bool = False) -> str:
+    return work(tag, hold)
+
+
+@app.task(bind=True, max_retries=20)
+@redlock_task("job-{name}", ttl=10, when_locked="retry", retry_countdown=0.2)
+def quick_retry_job(self: Any, name: str, tag: str) -> str:
+    """Retries every 0.2 s while the lock (ttl 10 s) is held elsewhere, not after its Retry-After."""
+    return work(tag, False)
+
+
+@app.task(base=RedlockTask, redlock={"key": "once-s-{name}", "ttl": 1, "lock_on_send": True, "queued_ttl": 1, "when_locked": "skip"})
+def once_short_job(name: str, tag: str, hold: bool = False) -> str:
+    """A lock that lives 1 s while queued and 1 s at a time while the body runs (kept alive)."""
+    return work(tag, hold)
+
+
+@app.task(base=RedlockTask, bind=True, autoretry_for=(ValueError,), max_retries=1, retry_kwargs={"countdown": 0.5})
+@redlock_task("once-a-{name}", ttl=5, lock_on_send=True, queued_ttl=20, when_locked="skip")
+def once_autoretry_job(self: Any, name: str, tag: str) -> str:
+    """Fails every run: autoretry_for retries it once (holding on the retry), then it fails."""
+    work(tag, self.request.retries > 0)
+    raise ValueError(f"boom {tag}")

@@ -27,7 +27,9 @@ import celery.exceptions  # noqa: E402
 
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 
-from django_redlock.celery import SKIPPED, RedlockTask, current_lock, redlock_task  # noqa: E402
+import celery.result  # noqa: E402
+from django_redlock.celery import SKIPPED, RedlockTask, TaskAlreadyQueued, current_lock, redlock_task  # noqa: E402
+from django_redlock.celery_send import HEADER  # noqa: E402
 from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable  # noqa: E402
 from django_redlock.manager import get_lock_manager  # noqa: E402
 from django_redlock.testing import RedisServer  # noqa: E402
@@ -72,20 +74,24 @@ class Worker:
 @pytest.fixture(scope="module")
 def worker(broker, redis_servers, tmp_path_factory):
     """One ``celery worker`` subprocess, ready once a task made the round trip; stopped with SIGTERM."""
-    log = str(tmp_path_factory.mktemp("celery") / "worker.log")
+    yield from run_worker(broker, redis_servers, str(tmp_path_factory.mktemp("celery") / "worker.log"), "celery")
+
+
+def run_worker(broker, redis_servers, log, queue):
+    """A ``celery worker`` subprocess consuming ``queue``, ready once a task made the round trip there."""
     env = dict(os.environ, **broker)
     env.update(DJANGO_SETTINGS_MODULE="tests.settings", REDLOCK_TEST_NODES=",".join(redis_servers.urls))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-Q", queue,
         f"--pool={os.environ.get('REDLOCK_TEST_CELERY_POOL', 'threads')}", "-c", "2", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--loglevel=INFO", "-n", f"redlock-tests-{os.getpid()}@%h",
+        "--loglevel=INFO", "-n", f"redlock-tests-{queue}-{os.getpid()}@%h",
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     running = Worker(process, log)
     try:
-        ping = tasks.ping.delay()  # ready once this round trip is done
+        ping = tasks.ping.apply_async(queue=queue)  # ready once this round trip is done
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -96,7 +102,8 @@ def worker(broker, redis_servers, tmp_path_factory):
                     raise RuntimeError(f"the Celery worker did not answer; its log:\n{running.output()}") from None
         yield running
     finally:
-        process.send_signal(signal.SIGTERM)  # warm shutdown: running tasks finish first
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # warm shutdown: running tasks finish first
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -201,6 +208,20 @@ def test_same_key_retry_runs_after_the_first_with_countdown_from_retry_after(wor
     assert start["at"] >= retry["at"] + retry["when"] - 0.5  # the countdown was honoured
 
 
+def test_retry_countdown_chooses_when_a_locked_task_retries(worker, lock_nodes):
+    name = tag()
+    holder = get_lock_manager().acquire("job-c", ttl=10, blocking=False)  # its Retry-After: about 10 s
+    try:
+        result = tasks.quick_retry_job.delay("c", name)
+        first, second = next_retry(result.id), next_retry(result.id)
+        assert first["when"] == second["when"] == 0.2, (first, second)  # retry_countdown, not the Retry-After
+        assert not ran(name)
+    finally:
+        holder.release()
+    assert result.get(timeout=WAIT) == f"done {name}"
+    assert expect(name, "start")["retries"] >= 2
+
+
 def test_different_keys_run_concurrently(worker, lock_nodes):
     one, two = tag(), tag()
     a = tasks.skip_job.delay("k1", one, hold=True)
@@ -274,6 +295,234 @@ def test_hand_off_a_lock_taken_in_the_request_to_the_task(worker, lock_nodes):
     assert not get_lock_manager().is_locked("report-7")  # the task released it
 
 
+# -- lock_on_send: a duplicate is refused when it is sent ---------------------------------------------
+
+
+def holder_label(resource: str) -> str | None:
+    record = get_lock_manager().lock_record(resource)
+    return record.holder.label if record is not None else None
+
+
+def wait_until_free(resource: str, timeout: float) -> float:
+    """Seconds until ``resource`` is free (polled: an expiry sends no event); fails after ``timeout``."""
+    started = time.monotonic()
+    while True:
+        try:
+            if not get_lock_manager().is_locked(resource):
+                return time.monotonic() - started
+        except QuorumUnavailable:
+            pass  # nodes slow to answer on a busy machine: ask again
+        assert time.monotonic() - started < timeout, f"{resource!r} still locked after {timeout} s"
+        time.sleep(0.1)
+
+
+def test_lock_on_send_refuses_a_duplicate_while_queued_and_while_running(worker, lock_nodes):
+    first, second, third = tag(), tag(), tag()
+    a = tasks.once_job.apply_async(("q", first), {"hold": True}, countdown=2)  # queued for two seconds
+    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}] (queued)"  # `redlock list`
+    with pytest.raises(TaskAlreadyQueued) as queued:
+        tasks.once_job.delay("q", second)
+    assert not ran(first)  # refused while the first one was still in the queue
+    assert isinstance(queued.value, LockNotAcquired) and queued.value.task_id == a.id
+    assert a.id in str(queued.value) and "once-q" in str(queued.value)
+    expect(first, "start")  # now running, kept alive by the worker
+    assert holder_label("once-q") == f"celery tests.celery_app.once_job[{a.id}]"
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.delay("q", second)
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.apply_async(args=("q", second))
+    assert tasks.once_job.delay("other", third).get(timeout=WAIT) == f"done {third}"  # another key is sent
+    open_gate(first)
+    assert a.get(timeout=WAIT) == f"done {first}"
+    assert not ran(second)
+    assert not get_lock_manager().is_locked("once-q")  # released when it finished
+    assert tasks.once_job.delay("q", second).get(timeout=WAIT) == f"done {second}"
+
+
+def test_lock_on_send_the_message_carries_no_secret(worker, lock_nodes):
+    from celery.signals import before_task_publish
+
+    name = tag()
+    published = []
+
+    def record(headers=None, body=None, **kwargs):
+        published.append(repr((headers, body)))
+
+    before_task_publish.connect(record)
+    try:
+        a = tasks.once_job.apply_async(("secret", name), {"hold": True}, countdown=1)
+    finally:
+        before_task_publish.disconnect(record)
+    label = f"celery tests.celery_app.once_job[{a.id}] (queued)"
+    assert HEADER in published[0] and label in published[0]  # the message names the lock by its label
+    queued = get_lock_manager().lock_record("once-secret").holder  # still queued (countdown=1)
+    assert queued.label == label
+    expect(name, "start")
+    running = get_lock_manager().lock_record("once-secret").holder
+    assert running.label == f"celery tests.celery_app.once_job[{a.id}]"  # the worker's own lock
+    assert running.token != queued.token
+    with pytest.raises(TaskAlreadyQueued) as refused:
+        tasks.once_job.delay("secret", name)
+    shown = [published[0], str(refused.value), repr(refused.value)]
+    open_gate(name)
+    assert a.get(timeout=WAIT) == f"done {name}"
+    shown.append(worker.output())
+    for secret in (queued.token, running.token):
+        assert len(secret) == 40 and not any(secret in text for text in shown)
+
+
+def test_lock_on_send_returns_the_queued_tasks_result_with_when_duplicate_result(worker, lock_nodes):
+    first, second = tag(), tag()
+    a = tasks.once_result_job.delay("r", first, hold=True)
+    b = tasks.once_result_job.delay("r", second)  # queued or running: either way, the same task
+    assert b.id == a.id and isinstance(b, celery.result.AsyncResult)
+    open_gate(first)
+    assert b.get(timeout=WAIT) == f"done {first}"
+    assert not ran(second)
+    assert tasks.once_result_job.delay("r", second).get(timeout=WAIT) == f"done {second}"
+
+
+def test_lock_on_send_a_failure_releases_a_retry_keeps_it(worker, lock_nodes):
+    boom, again, other = tag(), tag(), tag()
+    failure(tasks.once_job.delay("f", boom, fail=True), ValueError)
+    assert not get_lock_manager().is_locked("once-f")
+    a = tasks.once_job.delay("f", again, hold=True, retry_once=True)
+    assert [expect(again, "start")["retries"], expect(again, "end")["event"]] == [0, "end"]
+    next_retry(a.id)  # the retry is sent: queued for 0.5 s, then running (holding) on the worker
+    with pytest.raises(TaskAlreadyQueued) as refused:
+        tasks.once_job.delay("f", other)
+    assert refused.value.task_id == a.id  # a retry keeps the task's id, and the lock
+    assert expect(again, "start")["retries"] == 1
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_job.delay("f", other)
+    open_gate(again)
+    assert a.get(timeout=WAIT) == f"done {again}"
+    assert not get_lock_manager().is_locked("once-f") and not ran(other)
+
+
+def test_lock_on_send_a_second_delivery_of_the_message_cannot_take_it_over(worker, lock_nodes):
+    first, second = tag(), tag()
+    task_id = str(uuid.uuid4())
+    label = f"celery tests.celery_app.once_job[{task_id}] (queued)"
+    sent = get_lock_manager().acquire("once-twice", ttl=20, blocking=False, label=label)  # as apply_async does
+    header = {HEADER: [["once-twice"], label]}
+    tasks.once_job.apply_async(("twice", first), {"hold": True}, task_id=task_id, headers=header)
+    expect(first, "start")
+    assert not sent.owned()  # the worker released the lock the task was sent under, and took its own
+    assert holder_label("once-twice") == f"celery tests.celery_app.once_job[{task_id}]"
+    # The same message delivered again (same id, same header): it does not find the running one's
+    # lock under the queued label, tries to take it, and is skipped.
+    tasks.once_job.apply_async(("twice", second), task_id=task_id, headers=header)
+    assert tasks.app.AsyncResult(task_id).get(timeout=WAIT) == SKIPPED and not ran(second)
+    open_gate(first)
+    expect(first, "end")
+    wait_until_free("once-twice", WAIT)
+
+
+def test_lock_on_send_autoretry_for_keeps_the_lock_until_it_gives_up(worker, lock_nodes):
+    name, other = tag(), tag()
+    a = tasks.once_autoretry_job.delay("ar", name)
+    assert [expect(name, "start")["retries"], expect(name, "end")["event"]] == [0, "end"]
+    next_retry(a.id)
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_autoretry_job.delay("ar", other)  # the retry is queued under the lock
+    assert expect(name, "start")["retries"] == 1
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_autoretry_job.delay("ar", other)  # and runs under it
+    open_gate(name)
+    failure(a, ValueError)  # max_retries=1: it gave up
+    wait_until_free("once-a-ar", WAIT)  # released after the task (the keep-alive would hold it forever)
+    assert not ran(other)
+
+
+def test_lock_on_send_a_revoked_task_releases_its_lock(worker, lock_nodes):
+    name = tag()
+    a = tasks.once_job.apply_async(("rev", name), countdown=1)
+    sent = time.monotonic()
+    a.revoke()
+    wait_until_free("once-rev", WAIT)  # released by the worker when it drops the task, at its eta
+    assert time.monotonic() - sent < 20 - 5  # released: the queued lock's 20 s ttl did not run out
+    assert not ran(name)
+    assert tasks.once_job.delay("rev", name).get(timeout=WAIT) == f"done {name}"
+
+
+def test_lock_on_send_a_send_that_fails_releases_the_lock(worker, lock_nodes):
+    from kombu import Connection
+
+    from django_redlock.signals import lock_acquired, lock_released
+
+    name = tag()
+    events = []
+
+    def record(signal, lock, **kwargs):
+        events.append((signal, lock.resource))
+
+    lock_acquired.connect(record)
+    lock_released.connect(record)
+    dead = RedisServer().start()
+    dead.stop()  # a broker that refuses connections
+    try:
+        with Connection(f"redis://127.0.0.1:{dead.port}/0", connect_timeout=1) as down:
+            with pytest.raises(Exception) as error:
+                tasks.once_job.apply_async(("down", name), connection=down, retry=False)
+    finally:
+        lock_acquired.disconnect(record)
+        lock_released.disconnect(record)
+    assert not isinstance(error.value, LockNotAcquired), error.value
+    assert events == [(lock_acquired, "once-down"), (lock_released, "once-down")]  # taken, then released
+    assert not get_lock_manager().is_locked("once-down")
+    assert tasks.once_job.delay("down", name).get(timeout=WAIT) == f"done {name}"
+
+
+def test_lock_on_send_a_worker_killed_mid_task_leaves_a_lock_that_expires(
+    worker, broker, redis_servers, lock_nodes, tmp_path
+):
+    name, after = tag(), tag()
+    doomed = run_worker(broker, redis_servers, str(tmp_path / "doomed.log"), "doomed")
+    running = next(doomed)
+    try:
+        tasks.once_job.apply_async(("kill", name), {"hold": True}, queue="doomed")
+        expect(name, "start")
+        running.process.kill()  # SIGKILL mid-task: no release; the keep-alive dies with it
+        running.process.wait()
+        killed = time.monotonic()
+        with pytest.raises(TaskAlreadyQueued) as refused:
+            tasks.once_job.delay("kill", after)
+        assert refused.value.retry_after <= 5  # the worker's lock (ttl 5 s), not the one sent (queued_ttl 20 s)
+        wait_until_free("once-kill", WAIT)
+        assert time.monotonic() - killed < 20 - 5  # it expired by the task's ttl
+    finally:
+        doomed.close()
+    assert tasks.once_job.delay("kill", after).get(timeout=WAIT) == f"done {after}"  # accepted once it expired
+
+
+
+def test_lock_on_send_the_worker_keeps_it_alive_past_the_queued_ttl(worker, lock_nodes):
+    name, other = tag(), tag()
+    a = tasks.once_short_job.delay("alive", name, hold=True)
+    expect(name, "start")
+    label = holder_label("once-s-alive")
+    time.sleep(3)  # three times the queued_ttl and the ttl (1 s each): only the worker's keep-alive holds it
+    assert holder_label("once-s-alive") == label == f"celery tests.celery_app.once_short_job[{a.id}]"
+    with pytest.raises(TaskAlreadyQueued):
+        tasks.once_short_job.delay("alive", other)
+    open_gate(name)
+    assert a.get(timeout=WAIT) == f"done {name}"
+    assert expect(name, "end")["event"] == "end"  # never noticed a loss
+
+
+def test_lock_on_send_a_queue_wait_longer_than_queued_ttl(worker, lock_nodes):
+    late, second = tag(), tag()
+    a = tasks.once_short_job.apply_async(("late", late), countdown=3)
+    wait_until_free("once-s-late", WAIT)  # its queued_ttl (1 s) ran out while it waited
+    b = tasks.once_short_job.delay("late", second, hold=True)  # so a second one is sent
+    expect(second, "start")
+    # The first one finds its lock gone, tries to take it as any task would, and meets the second:
+    # when_locked="skip".
+    assert a.get(timeout=WAIT) == SKIPPED and not ran(late)
+    open_gate(second)
+    assert b.get(timeout=WAIT) == f"done {second}"
+
 # -- eagerly, in this process ------------------------------------------------------
 
 
@@ -313,6 +562,44 @@ def test_eager_task_always_eager_and_direct_calls(lock_nodes, manager):
     finally:
         tasks.app.conf.task_always_eager = False
     assert current_lock() is None
+
+
+def test_eager_lock_on_send(lock_nodes, manager):
+    name = tag()
+    tasks.app.conf.task_always_eager = True
+    try:
+        assert tasks.once_job.delay("e", name).get() == f"done {name}"  # taken when sent, adopted, released
+        assert not manager.is_locked("once-e")
+        assert tasks.once_job.delay("e", name, retry_once=True).get() == f"done {name}"
+        reported = map(json.loads, tasks.events().lrange(f"ev:{name}", 0, -1))
+        assert [e["retries"] for e in reported if e["event"] == "start"] == [0, 0, 1]
+        assert not manager.is_locked("once-e")
+        other = manager.acquire(["once-e", "once-r-e"], ttl=10, blocking=False)  # not a task: no task id
+        with pytest.raises(TaskAlreadyQueued) as refused:
+            tasks.once_job.delay("e", name)
+        assert refused.value.task_id is None and "another holder" in str(refused.value)
+        with pytest.raises(TaskAlreadyQueued):
+            tasks.once_result_job.delay("e", name)  # the same with when_duplicate="result": no task to return
+        assert tasks.once_job.apply(("e", name)).get() == SKIPPED  # apply() sends nothing: when_locked
+        other.release()
+    finally:
+        tasks.app.conf.task_always_eager = False
+
+
+def test_lock_on_send_needs_redlock_task_and_a_queued_ttl_within_max_ttl(lock_nodes, settings):
+    def body(name):
+        return name
+
+    plain = tasks.app.task(shared=False, lazy=False, name=f"plain.{tag()}")(redlock_task("p-{name}", lock_on_send=True)(body))
+    error = plain.apply(("x",)).result
+    assert isinstance(error, ImproperlyConfigured) and "base=RedlockTask" in str(error)
+    settings.REDLOCK = {**settings.REDLOCK, "MAX_TTL": 5, "TTL": 2}
+    long = tasks.app.task(base=RedlockTask, shared=False, lazy=False, name=f"long.{tag()}")(
+        redlock_task("l-{name}", lock_on_send=True, queued_ttl=30)(body)
+    )
+    with pytest.raises(ValueError, match=r"queued_ttl \(30 s\) is above REDLOCK\['MAX_TTL'\] \(5 s\)"):
+        long.delay("x")
+    assert not get_lock_manager().is_locked("l-x")
 
 
 def test_eager_several_keys_together(lock_nodes, manager):
@@ -393,6 +680,20 @@ def test_configuration_errors_are_reported_at_decoration():
         redlock_task("report-{customer_id}")(coroutine)
     with pytest.raises(ImproperlyConfigured, match="use named placeholders"):
         redlock_task("report-{0}")(body)
+    with pytest.raises(ImproperlyConfigured, match="retry_countdown=1 is only used with when_locked='retry'"):
+        redlock_task("report-{customer_id}", when_locked="skip", retry_countdown=1)
+    with pytest.raises(ValueError, match="retry_countdown"):
+        redlock_task("report-{customer_id}", retry_countdown=-1)
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        redlock_task("report-{customer_id}", queued_ttl=60)
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        redlock_task("report-{customer_id}", when_duplicate="result")
+    with pytest.raises(ImproperlyConfigured, match="when_duplicate must be one of 'raise', 'result'"):
+        redlock_task("report-{customer_id}", lock_on_send=True, when_duplicate="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ImproperlyConfigured, match="lock_on_send must be True or False"):
+        redlock_task("report-{customer_id}", lock_on_send="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="queued_ttl"):
+        redlock_task("report-{customer_id}", lock_on_send=True, queued_ttl=0)
 
 
 def test_base_class_errors_are_reported_when_the_task_is_created():
@@ -410,6 +711,8 @@ def test_base_class_errors_are_reported_when_the_task_is_created():
         create(redlock={"key": "r-{customer_id}", "blocking": True})
     with pytest.raises(ImproperlyConfigured, match="does not take"):
         create(redlock={"key": "r-{customer}"})
+    with pytest.raises(ImproperlyConfigured, match="only used with lock_on_send=True"):
+        create(redlock={"key": "r-{customer_id}", "queued_ttl": 5})
 
 
 def test_class_based_tasks_lock_their_own_key(lock_nodes):
