@@ -82,7 +82,7 @@ def meant_setting(name: str) -> str | None:
         return None
     if name in SYNONYMS:
         return SYNONYMS[name]
-    close = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.82)
+    close = difflib.get_close_matches(name, NAMES, n=1, cutoff=0.85)  # REDIS_LOCK (0.82) may be a project's own
     if close:
         return close[0]
     if not name.startswith("REDLOCK"):

@@ -206,7 +206,7 @@ def test_a_setting_name_like_ours_is_named_with_the_one_meant(settings, name, me
         get_lock_manager()
 
 
-@pytest.mark.parametrize("name", ["DEADLOCK", "REDIS_URL", "CELERY_BROKER_URL", "LOCK_TIMEOUT", "REDIS_LOCKS_DB"])
+@pytest.mark.parametrize("name", ["DEADLOCK", "REDIS_LOCK", "REDIS_URL", "CELERY_BROKER_URL", "LOCK_TIMEOUT", "REDIS_LOCKS_DB"])
 def test_other_settings_are_left_alone(settings, name):
     setattr(settings, name, "x")
     settings.REDLOCK = {"RESTART_WINDOW": 0}
