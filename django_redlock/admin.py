@@ -455,6 +455,7 @@ def _row(record: Any) -> dict[str, Any]:
     return {
         "resource": record.resource,
         "holder": holder,
+        "digest": holder.digest if holder else "",
         "host": holder.host if holder else None,
         "pid": holder.pid if holder else None,
         "label": holder.label if holder else None,
@@ -476,6 +477,6 @@ def _entry(entry: Any) -> dict[str, Any]:
         "ttl": entry.ttl,
         "waiting": entry.waiting,
         "holder": holder,
-        "token": holder.token if holder else "",
+        "digest": holder.digest if holder else "",
         "acquired": _when(holder.acquired_at) if holder else None,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import json.scanner
 import math
@@ -32,6 +33,17 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+#: How many hex digits of a token's SHA-256 its digest shows.
+DIGEST_DIGITS = 12
+
+
+def digest_of(token: str) -> str:
+    """The digest that names a holder on every screen and log line: the first :data:`DIGEST_DIGITS` hex
+    digits of the SHA-256 of its token. The token itself authorizes release, extension and ``adopt()``,
+    so it is never shown; the digest tells nothing of it and is the same wherever the holder is seen."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_DIGITS]
 
 
 def _text(value: Any) -> str | None:
@@ -176,9 +188,20 @@ class Holder:
         )
         return holder
 
+    @property
+    def digest(self) -> str:
+        """What names this holder where its token must not be shown (see :func:`digest_of`)."""
+        return digest_of(self.token)
+
     def __str__(self) -> str:
         where = f"{printable(self.host or '?')}:{self.pid if self.pid is not None else '?'}"
         return f"{where} ({printable(self.label)})" if self.label else where
+
+    def __repr__(self) -> str:  # the token is a secret: its digest stands in for it
+        return (
+            f"Holder(digest={self.digest!r}, host={self.host!r}, pid={self.pid!r}, label={self.label!r}, "
+            f"acquired_at={self.acquired_at!r}, members={self.members!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -269,7 +292,7 @@ class LockRecord:
     key: str
     #: The nodes holding the key, in node order, and each one's stored value, ttl (ms) and live places in line.
     nodes: tuple[str, ...]
-    values: tuple[str, ...]
+    values: tuple[str, ...] = field(repr=False)  # secrets: each holds its holder's token
     pttls: tuple[int, ...]
     lives: tuple[int, ...]
     total: int
