@@ -53,7 +53,6 @@ class SignalHooks(Hooks):
         signals.lock_extended.send(sender=self.sender, lock=lock)
 
     def lost(self, lock: Any, reason: str) -> None:
-        logger.error("Lock %r was lost: %s", lock.resource, reason)
         signals.lock_lost.send(sender=self.sender, lock=lock, reason=reason)
 
     def not_acquired(self, resource: str, error: Any) -> None:
