@@ -237,6 +237,17 @@ def main_copies(values: Sequence[str]) -> tuple[int, ...]:
     return tuple(i for i, h in enumerate(holders) if h.token == token)
 
 
+def agreed_holder(values: Sequence[Any], quorum: int) -> tuple[Holder, int] | None:
+    """The holder a quorum of nodes store (each node's value of one key: a string, bytes, or anything
+    else for none), and on how many nodes; None when no value is on a quorum."""
+    texts = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values]
+    found = Counter(v for v in texts if type(v) is str and v)
+    if not found:
+        return None
+    value, nodes = found.most_common(1)[0]
+    return (Holder.decode(value), nodes) if nodes >= quorum else None
+
+
 def ttl_of(pttls: Sequence[int], quorum: int) -> float:
     """Seconds until fewer than a quorum of these keys remain (the longest ttl when fewer than a quorum hold one)."""
     ttls = sorted(pttls)
