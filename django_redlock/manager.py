@@ -40,16 +40,16 @@ class SignalHooks(Hooks):
         self.sender: Any = None
 
     def acquired(self, lock: Any) -> None:
-        logger.debug("Acquired lock %r (%s, digest %s)", lock.resource, lock.holder, lock.holder.digest)
+        logger.debug("Acquired lock %r (%s, holder digest %s)", lock.resource, lock.holder, lock.holder.digest)
         signals.lock_acquired.send(sender=self.sender, lock=lock)
 
     def released(self, lock: Any) -> None:
-        logger.debug("Released lock %r (digest %s)", lock.resource, lock.holder.digest)
+        logger.debug("Released lock %r (holder digest %s)", lock.resource, lock.holder.digest)
         signals.lock_released.send(sender=self.sender, lock=lock)
         transactions.warn_if_in_transaction(lock)  # last: under -W error it raises, and the hook is left there
 
     def extended(self, lock: Any) -> None:
-        logger.debug("Extended lock %r by %.1f s (digest %s)", lock.resource, lock.ttl, lock.holder.digest)
+        logger.debug("Extended lock %r by %.1f s (holder digest %s)", lock.resource, lock.ttl, lock.holder.digest)
         signals.lock_extended.send(sender=self.sender, lock=lock)
 
     def lost(self, lock: Any, reason: str) -> None:

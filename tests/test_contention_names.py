@@ -76,3 +76,14 @@ def test_a_call_that_waited_names_the_holder_too(servers, mgr):
         mgr.acquire("queue", timeout=0.2)
     assert info.value.holder == "worker-9:99 (drain)" and "after" in str(info.value)
     assert 50 < info.value.retry_after <= 60
+
+
+def test_the_callers_own_value_is_not_named():
+    """Where the caller's last attempt is still stored (its release did not land), it is not "another holder"."""
+    from django_redlock.core.base import holders_of
+
+    own, other = Holder("mine", "here", 1).encode(), Holder("theirs", "there", 2).encode()
+    replies = [[own.encode(), 900, []]] * 3 + [[other.encode(), 900, []]] * 2
+    assert holders_of(["r"], replies, 3, own) == []
+    named = holders_of(["r"], [[other.encode(), 900, []]] * 3 + [[None, -2, []], Exception("down")], 3, own)
+    assert [(resource, str(holder), nodes) for resource, holder, nodes in named] == [("r", "there:2", 3)]

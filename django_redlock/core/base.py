@@ -179,12 +179,16 @@ def not_acquired(
     )
 
 
-def holders_of(resources: Sequence[str], replies: Sequence[Any], quorum: int) -> list[tuple[str, Any, int]]:
+def holders_of(
+    resources: Sequence[str], replies: Sequence[Any], quorum: int, own: str = ""
+) -> list[tuple[str, Any, int]]:
     """From INSPECT replies of the resources' keys: (resource, holder, nodes) of each one whose value a
-    quorum of the nodes store (see :func:`~django_redlock.core.records.agreed_holder`)."""
+    quorum of the nodes store (see :func:`~django_redlock.core.records.agreed_holder`), other than
+    ``own`` (the caller's last attempt, still there where its release did not land)."""
     out = []
     for j, resource in enumerate(resources):
-        agreed = agreed_holder([r[2 * j] if isinstance(r, list) and len(r) > 2 * j else None for r in replies], quorum)
+        values = [r[2 * j] if isinstance(r, list) and len(r) > 2 * j else None for r in replies]
+        agreed = agreed_holder([None if v in (own, own.encode()) else v for v in values], quorum)
         if agreed is not None:
             out.append((resource, *agreed))
     return out
