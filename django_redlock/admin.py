@@ -34,14 +34,15 @@ from django_redlock.models import Lock
 
 PER_PAGE = 100
 #: The change list's columns: name (the ``o`` parameter sorts by it), heading, and the listing's order.
+#: The state comes right after the resource: on a narrow screen it is the column that must show.
 COLUMNS = [
     ("resource", gettext_lazy("Resource"), "resource"),
+    ("state", gettext_lazy("State"), "state"),
+    ("nodes", gettext_lazy("Nodes"), "nodes_holding"),
     ("holder", gettext_lazy("Holder"), "holder"),
     ("acquired", gettext_lazy("Acquired"), "acquired_at"),
     ("ttl", gettext_lazy("TTL left"), "ttl"),
-    ("nodes", gettext_lazy("Nodes"), "nodes_holding"),
     ("waiting", gettext_lazy("Waiting"), "waiting"),
-    ("state", gettext_lazy("State"), "state"),
 ]
 ORDERS = {name: order for name, _label, order in COLUMNS}
 #: The states the filter offers (the ``state`` parameter), in the sidebar's order.
@@ -455,6 +456,7 @@ def _row(record: Any) -> dict[str, Any]:
     return {
         "resource": record.resource,
         "holder": holder,
+        "digest": holder.digest if holder else "",
         "host": holder.host if holder else None,
         "pid": holder.pid if holder else None,
         "label": holder.label if holder else None,
@@ -476,6 +478,6 @@ def _entry(entry: Any) -> dict[str, Any]:
         "ttl": entry.ttl,
         "waiting": entry.waiting,
         "holder": holder,
-        "token": holder.token if holder else "",
+        "digest": holder.digest if holder else "",
         "acquired": _when(holder.acquired_at) if holder else None,
     }

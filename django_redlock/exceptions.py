@@ -28,6 +28,7 @@ class LockNotAcquired(LockError):
         total: int = 0,
         failures: Mapping[str, str] | None = None,
         retry_after: float | None = None,
+        holder: str | None = None,
     ) -> None:
         super().__init__(message, resource=resource)
         #: Nodes that granted the lock in the last attempt.
@@ -40,6 +41,8 @@ class LockNotAcquired(LockError):
         self.failures: dict[str, str] = dict(failures or {})
         #: Seconds until the current holder's key expires, when known.
         self.retry_after = retry_after
+        #: Who holds it, where a quorum of nodes agree: ``host:pid (label)``, escaped; never its token.
+        self.holder = holder
 
 
 class QuorumUnavailable(LockNotAcquired):

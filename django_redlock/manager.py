@@ -40,20 +40,19 @@ class SignalHooks(Hooks):
         self.sender: Any = None
 
     def acquired(self, lock: Any) -> None:
-        logger.debug("Acquired lock %r (%s)", lock.resource, lock.holder)
+        logger.debug("Acquired lock %r (%s, holder digest %s)", lock.resource, lock.holder, lock.holder.digest)
         signals.lock_acquired.send(sender=self.sender, lock=lock)
 
     def released(self, lock: Any) -> None:
-        logger.debug("Released lock %r", lock.resource)
+        logger.debug("Released lock %r (holder digest %s)", lock.resource, lock.holder.digest)
         signals.lock_released.send(sender=self.sender, lock=lock)
         transactions.warn_if_in_transaction(lock)  # last: under -W error it raises, and the hook is left there
 
     def extended(self, lock: Any) -> None:
-        logger.debug("Extended lock %r by %.1f s", lock.resource, lock.ttl)
+        logger.debug("Extended lock %r by %.1f s (holder digest %s)", lock.resource, lock.ttl, lock.holder.digest)
         signals.lock_extended.send(sender=self.sender, lock=lock)
 
     def lost(self, lock: Any, reason: str) -> None:
-        logger.error("Lock %r was lost: %s", lock.resource, reason)
         signals.lock_lost.send(sender=self.sender, lock=lock, reason=reason)
 
     def not_acquired(self, resource: str, error: Any) -> None:

@@ -42,7 +42,7 @@ def test_viewer_sees_locks_taken_through_the_engine(django_user_model):
     response = client.get(reverse(LIST))
     page = response.content.decode()
     assert response.status_code == 200
-    assert "invoice-42" in page and "billing" in page and "5/5" in page and "held by a quorum" in page
+    assert "invoice-42" in page and "billing" in page and "5 of 5" in page and "held by a quorum" in page
     assert "Force-release selected" not in page  # no release permission
 
 
@@ -98,7 +98,7 @@ def test_node_down_still_renders(admin_client, servers):
     response = admin_client.get(reverse(LIST))
     page = response.content.decode()
     assert response.status_code == 200
-    assert "survivor" in page and "4/5" in page and "<strong>down</strong>" in page
+    assert "survivor" in page and "4 of 5" in page and "<strong>down</strong>" in page
 
 
 def test_search_sort_and_pagination(admin_client):
@@ -193,7 +193,7 @@ def test_passwords_never_on_the_page_when_some_nodes_refuse_them(admin_client, s
     urls = servers.urls  # two nodes refuse the password (they have none): shown as down, without it
     settings.REDLOCK_NODES = [u.replace("redis://", "redis://:Page-Secret-4@") for u in urls[:2]] + urls[2:]
     page = admin_client.get(reverse(LIST)).content.decode()
-    assert "guarded" in page and "3/5" in page and page.count("<strong>down</strong>") == 2
+    assert "guarded" in page and "3 of 5" in page and page.count("<strong>down</strong>") == 2
     assert waiting_cell(page, "guarded") == "0" and "Page-Secret-4" not in page
 
 

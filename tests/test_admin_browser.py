@@ -49,9 +49,9 @@ def some_locks(servers):
     return manager
 
 
-def logged_in(browser, live_server, django_user_model, path=LOCKS, clock=False, width=1200):
+def logged_in(browser, live_server, django_user_model, path=LOCKS, clock=False, width=1200, height=700):
     django_user_model.objects.create_superuser("admin", "admin@example.com", "pw-for-browser")
-    page = browser.new_page(viewport={"width": width, "height": 700})
+    page = browser.new_page(viewport={"width": width, "height": height})
     if clock:
         page.clock.install()  # timers run only when the test moves the clock
     page.goto(f"{live_server.url}/admin/login/?next={path}")
@@ -219,3 +219,36 @@ def test_auto_refresh_pauses_while_rows_are_selected(browser, live_server, djang
     page.clock.run_for(60_000)
     assert page.evaluate("window.stillHere === true") and page.locator("#redlock-refresh").count() == 0
     assert manager.is_locked("not-yet")
+
+
+#: Where an element is drawn: its box, and whether it is visible and not clipped by a scrolling parent.
+SHOWN = """el => {
+    const box = el.getBoundingClientRect();
+    let clipped = false;
+    for (let up = el.parentElement; up; up = up.parentElement) {
+        const style = getComputedStyle(up);
+        if (style.overflowX !== 'visible') {
+            const outer = up.getBoundingClientRect();
+            clipped = clipped || box.left < outer.left - 0.5 || box.right > outer.right + 0.5;
+        }
+    }
+    const style = getComputedStyle(el);
+    return {left: box.left, right: box.right, width: box.width, height: box.height, clipped,
+            visible: style.visibility !== 'hidden' && style.display !== 'none' && box.width > 0 && box.height > 0};
+}"""
+
+
+def test_state_column_is_on_screen_at_1280_pixels(browser, live_server, django_user_model, servers, tmp_path):
+    """A laptop's 1280 x 800: every column, the State last, fits beside the filter, with no sideways scroll."""
+    some_locks(servers)
+    page = logged_in(browser, live_server, django_user_model, width=1280, height=800)
+    page.screenshot(path=str(tmp_path / "locks-1280.png"), full_page=True)
+    cells = [page.locator("th.column-state")] + page.locator("td.field-state").all()
+    assert len(cells) == 1 + 4
+    for cell in cells:
+        shown = cell.evaluate(SHOWN)
+        assert shown["visible"] and not shown["clipped"], shown
+        assert 0 <= shown["left"] and shown["right"] <= 1280, shown
+    assert page.locator("th.column-state").inner_text().lower() == "state"  # drawn in capitals
+    assert page.locator("td.field-state >> text=minority left-over").is_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280

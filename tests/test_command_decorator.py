@@ -196,3 +196,51 @@ def test_an_explicit_label_is_kept():
 def test_a_label_that_is_not_text_is_refused():
     with pytest.raises(ValueError, match="label must be a string"):
         redlock_command(label=5)
+
+
+@pytest.mark.parametrize("how", ["keys deleted", "expired"])
+def test_a_lost_lock_is_told_once(servers, tmp_path, how):
+    """With the project's log lines on the console (tests.settings_logged), a command whose lock is
+    lost says so in one line: its error line (exit 3), not also a log line or two."""
+    marker = tmp_path / "a"
+    env = dict(os.environ, REDLOCK_TEST_NODES=",".join(servers.urls), DJANGO_SETTINGS_MODULE="tests.settings_logged")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "nightly", "--seconds", "20", "--marker", str(marker)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    wait_for(marker, proc)
+    if how == "keys deleted":  # the next extension finds the holder's value gone
+        for url in servers.urls:
+            with redis.Redis.from_url(url) as client:
+                assert client.delete("redlock:lock:command:nightly") == 1
+    else:  # three of five nodes stop answering: extensions fail and the 0.5 s ttl runs out
+        for server in servers[:3]:
+            server.pause()
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        for server in servers[:3]:
+            server.resume()
+    assert proc.returncode == ExitCode.LOST, err
+    told = [line for line in err.splitlines() if "lost" in line]
+    assert len(told) == 1 and told[0].startswith("CommandError: Stopped: the lock 'command:nightly' was lost ("), err
+    assert "done" not in marker.read_text()
+
+
+def test_a_lost_lock_in_process_is_logged_once(servers, caplog):
+    """Run by call_command (a worker, a test), the loss is one ERROR log line and the CommandError to the caller."""
+    import logging
+
+    @redlock_command(key="lost-once", ttl=1)
+    class Command(BaseCommand):
+        def handle(self, *args, **options):
+            for url in servers.urls:
+                with redis.Redis.from_url(url) as client:
+                    client.delete("redlock:lock:lost-once")
+            self.redlock.extend()  # finds the value gone on every node: lost
+
+    with caplog.at_level(logging.DEBUG, logger="django_redlock"), pytest.raises(CommandError) as info:
+        call_command(Command(), stdout=StringIO(), stderr=StringIO())
+    assert info.value.returncode == ExitCode.LOST and "'lost-once' was lost" in str(info.value)
+    logged = [r for r in caplog.records if "was lost" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "ERROR", caplog.text

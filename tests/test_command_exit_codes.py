@@ -74,7 +74,7 @@ def test_redlock_status_codes(servers, capsys):
 def test_redlock_list_codes(servers, capsys):
     get_lock_manager().acquire("listed", ttl=30)
     code, out, _ = manage(capsys, "redlock", "list")
-    assert code == ExitCode.OK and "listed" in out and "5/5" in out
+    assert code == ExitCode.OK and "listed" in out and "5 of 5" in out
     servers[4].kill()
     code, out, err = manage(capsys, "redlock", "list", "--json")
     assert code == ExitCode.DEGRADED and json.loads(out)[0]["nodes_holding"] == 4

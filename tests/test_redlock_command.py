@@ -14,7 +14,7 @@ import redis
 from django.core.management import CommandError, call_command
 
 from django_redlock import get_lock_manager
-from django_redlock.core.records import Holder, LockRecord, read_holders, seconds
+from django_redlock.core.records import Holder, LockRecord, digest_of, read_holders, seconds
 from django_redlock.exit_codes import ExitCode
 from django_redlock.management.commands.redlock import _seconds_text, listing_json, seconds_json
 from tests.conftest import eventually
@@ -42,10 +42,10 @@ def test_list_and_release(servers):
     lock = manager.acquire("orders-1", ttl=20)
     manager.acquire("orders-2", ttl=20)
     out, _ = run("list")
-    assert "orders-1" in out and "orders-2" in out and "5/5" in out and "held" in out
+    assert "orders-1" in out and "orders-2" in out and "5 of 5" in out and "held" in out
     data = json.loads(run("list", "--json", "--match", "-1")[0])
     assert [r["resource"] for r in data] == ["orders-1"]
-    assert data[0]["holder"]["token"] == lock.token and data[0]["nodes_holding"] == 5
+    assert data[0]["holder"]["digest"] == digest_of(lock.token) and data[0]["nodes_holding"] == 5
     assert data[0]["waiting"] == 0 and [e["waiting"] for e in data[0]["entries"]] == [0] * 5
     out, _ = run("release", "orders-1")
     assert "Released 'orders-1' on 5 of 5 nodes" in out
@@ -58,7 +58,7 @@ def test_list_with_a_node_down(servers):
     get_lock_manager().acquire("x", ttl=20)
     servers[2].kill()
     out, err, message = run_ending(ExitCode.DEGRADED, "list")
-    assert "4/5" in out and "did not answer" in err and message.startswith("Degraded: 4 of 5 nodes answered")
+    assert "4 of 5" in out and "did not answer" in err and message.startswith("Degraded: 4 of 5 nodes answered")
 
 
 def test_status_exit_codes(servers):
@@ -101,9 +101,10 @@ def test_list_counts_calls_waiting_and_drops_those_that_give_up(waiters):
     data = json.loads(run("list", "--json", "--match", "orders-9")[0])
     assert [e["waiting"] for e in data[0]["entries"]] == [3] * 5
     lines = run("list")[0].splitlines()
-    assert lines[0].split() == ["RESOURCE", "STATE", "NODES", "TTL", "WAITING", "HOLDER"]
+    assert lines[0].split() == ["RESOURCE", "STATE", "NODES", "TTL", "WAITING", "DIGEST", "HOLDER"]
     row = next(line.split() for line in lines if line.startswith("orders-9 "))
-    assert row[1:6] == ["held", "by", "a", "quorum", "5/5"] and row[7] == "3"  # the admin's words
+    assert row[1:8] == ["held", "by", "a", "quorum", "5", "of", "5"] and row[9] == "3"  # the admin's words
+    assert row[10] == digest_of(held.token)
     eventually(lambda: len(waiters.outcomes) == 2)
     assert waiting()["orders-9"] == 1  # the two that gave up left the line with their release
     held.release()
@@ -116,7 +117,7 @@ def test_list_never_shows_passwords(settings, servers):
     urls = servers.urls
     settings.REDLOCK_NODES = [u.replace("redis://", "redis://:List-Secret-7@") for u in urls[:2]] + urls[2:]
     out, err, message = run_ending(ExitCode.DEGRADED, "list")
-    assert "secret-orders" in out and "3/5" in out and err.count("did not answer") == 2
+    assert "secret-orders" in out and "3 of 5" in out and err.count("did not answer") == 2
     data = run_ending(ExitCode.DEGRADED, "list", "--json")[0]
     assert json.loads(data)[0]["down"] and "List-Secret-7" not in out + err + data + message
 
@@ -166,7 +167,7 @@ def expected_json(records):
     """``redlock list --json`` as json.dumps writes the listing's records, one a line."""
 
     def holder(h):
-        return h and {"token": h.token, "host": h.host, "pid": h.pid, "label": h.label, "acquired_at": h.acquired_at}
+        return h and {"digest": digest_of(h.token), "host": h.host, "pid": h.pid, "label": h.label, "acquired_at": h.acquired_at}
 
     return "[\n  " + ",\n  ".join(
         json.dumps(
@@ -203,10 +204,10 @@ def test_list_output_is_pinned_to_the_byte(servers):
     assert [r.resource for r in records] == ["left-over", "plain", "split"] and err.count("did not answer") == 1
     assert out == expected_json(records) + "\n"
     assert run_ending(ExitCode.DEGRADED, "list")[0].splitlines() == [
-        "RESOURCE   STATE                  NODES       TTL  WAITING  HOLDER",
-        "left-over  minority left-over       1/5     -1.0s        0  ?:?",
-        "plain      held by a quorum         4/5     -1.0s        1  host:7 (label \u00e9\")",
-        "split      split between holders    1/5     -1.0s        0  ?:?",
+        "RESOURCE   STATE                     NODES       TTL  WAITING  DIGEST        HOLDER",
+        "left-over  minority left-over       1 of 5     -1.0s        0  0dca01e9e52a  ?:?",
+        "plain      held by a quorum         4 of 5     -1.0s        1  1a7674eb4ee7  host:7 (label \u00e9\")",
+        "split      split between holders    1 of 5     -1.0s        0  ca978112ca1b  ?:?",
     ]
     manager.acquire("timed", ttl=20, label="x")  # ttls that are not whole seconds
     records = manager.lock_listing().records
@@ -326,7 +327,7 @@ def test_list_shows_damaged_and_hostile_values_escaped_in_text_and_json(servers)
     by_name = {r["resource"]: r for r in data}
     assert by_name["date-nan"]["holder"]["acquired_at"] is None
     assert by_name["date-1e20"]["holder"] == {
-        "token": "a1", "host": "web-1", "pid": 11, "label": None, "acquired_at": None,
+        "digest": digest_of("a1"), "host": "web-1", "pid": 11, "label": None, "acquired_at": None,
     }
     for record in data:
         assert record["state"] == "held" and record["nodes_holding"] == 5

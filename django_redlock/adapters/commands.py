@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import signal
 import sys
 import threading
@@ -26,7 +25,6 @@ from django_redlock.exit_codes import ExitCode
 
 __all__ = ["EXIT_LOCKED", "EXIT_LOST", "EXIT_NODES_UNAVAILABLE", "ExitCode", "keep_exit_code", "redlock_command"]
 
-logger = logging.getLogger("django_redlock")
 
 _F = TypeVar("_F", bound=Callable[..., Any])  # a command class or its handle()
 
@@ -218,6 +216,9 @@ def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
                 guard.install()
                 hold, resource, mode = _hold(self, name, options, how, lost, guard if stop else None)
                 self.redlock, self.redlock_lost = hold.__enter__(), lost  # for handle() and the threads it starts
+                # On the command line the loss is told once, by the error line below; elsewhere it is
+                # logged (the CommandError goes to the caller).
+                self.redlock.reports_own_loss = on_command_line
                 guard.check()  # a signal that came during the acquire: the work does not begin
                 result = handle(self, *args, **options)
             finally:
@@ -233,7 +234,6 @@ def _wrap_handle(handle: Callable[..., Any], how: _How) -> Any:
         lock = hold.lock if hold is not None else None  # set once granted, whatever stopped the command
         if loss is not None:  # also a loss the release itself found (taken over, expired)
             assert lock is not None
-            logger.error("Command %s: its lock %r was lost (%s).", name, resource, lock.lost_reason)
             what = "Stopped: the lock" if guard.sent else "The lock"
             raise CommandError(f"{what} {resource!r} was lost ({lock.lost_reason}).", returncode=EXIT_LOST) from failure
         if guard.signum is not None:

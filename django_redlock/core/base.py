@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from django_redlock.core import config, forks, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
 from django_redlock.core.rounds import Failure, Granted
-from django_redlock.core.records import ForcedRelease
+from django_redlock.core.records import ForcedRelease, agreed_holder
 from django_redlock.core.scripts import (
     ACQUIRE,
     EXTEND,
@@ -133,10 +133,12 @@ def not_acquired(
     retry_after: float | None = None,
     attempts: int = 1,
     note: str = "",
+    held: Sequence[tuple[str, Any, int]] = (),
 ) -> LockNotAcquired:
     """Build the error for a failed attempt, telling "held" from "nodes unavailable".
 
-    ``note`` ends the message (who in this process holds it, when known).
+    ``held``: (resource, holder, nodes) of each resource a quorum of nodes agree who holds (see
+    :func:`holders_of`). ``note`` ends the message (who in this process holds it, when known).
     """
     total = len(nodes)
     granted = count(results)
@@ -159,6 +161,8 @@ def not_acquired(
     else:
         message = f"Could not lock {resource!r}{tries}: {granted} of {total} nodes agreed, {quorum} needed ({detail})."
         cls = LockNotAcquired
+    if held:
+        message = f"{message} {held_text(resource, held, total)}"
     if any(ledger.DELAYED_RESTART in why for why in failures.values()):
         message = f"{message} {ledger.RESTART_ADVICE}"
     if note:
@@ -171,7 +175,42 @@ def not_acquired(
         total=total,
         failures=failures,
         retry_after=retry_after,
+        holder=str(held[0][1]) if held else None,
     )
+
+
+def holders_of(
+    resources: Sequence[str], replies: Sequence[Any], quorum: int, own: str = ""
+) -> list[tuple[str, Any, int]]:
+    """From INSPECT replies of the resources' keys: (resource, holder, nodes) of each one whose value a
+    quorum of the nodes store (see :func:`~django_redlock.core.records.agreed_holder`), other than
+    ``own`` (the caller's last attempt, still there where its release did not land)."""
+    out = []
+    for j, resource in enumerate(resources):
+        values = [r[2 * j] if isinstance(r, list) and len(r) > 2 * j else None for r in replies]
+        agreed = agreed_holder([None if v in (own, own.encode()) else v for v in values], quorum)
+        if agreed is not None:
+            out.append((resource, *agreed))
+    return out
+
+
+#: How many holders an error names at most (a lock on many resources may meet many).
+NAMED_HOLDERS = 3
+
+
+def held_text(resource: str, held: Sequence[tuple[str, Any, int]], total: int) -> str:
+    """Who holds ``resource`` (or the resources it names), for an error: their host, pid and label
+    (escaped) and the digest of their token, never the token itself (it authorizes release,
+    extension and adoption)."""
+    if held[0][0] == resource:
+        _resource, holder, nodes = held[0]
+        return f"It is held by {holder} on {nodes} of {total} nodes (holder digest {holder.digest})."
+    parts = [
+        f"{resource!r} by {holder} on {nodes} of {total} nodes (holder digest {holder.digest})"
+        for resource, holder, nodes in held[:NAMED_HOLDERS]
+    ]
+    more = f" and {len(held) - NAMED_HOLDERS} more" if len(held) > NAMED_HOLDERS else ""
+    return f"Held: {'; '.join(parts)}{more}."
 
 
 def locked_of(resource: str, nodes: Sequence[Any], results: Sequence[Any], quorum: int) -> bool:
@@ -398,15 +437,12 @@ class Attempts:
         return script_command(ACQUIRE, self.line, args)
 
     def ttl_command(self) -> tuple[tuple[Any, ...], Script | None]:
-        """What to ask each node after giving up, for :meth:`retry_after` (and the script it runs)."""
-        if len(self.keys) == 1:
-            return ("PTTL", self.key), None
+        """What to ask each node after giving up (and the script it runs): each key's value and ttl,
+        for :meth:`retry_after` and the holder the error names, in the same round trip."""
         return self.config.inspect_command(self.keys), INSPECT
 
     def retry_after(self, replies: Sequence[Any], quorum: int) -> float | None:
         """Seconds until every resource may be free, from the replies to :meth:`ttl_command`."""
-        if len(self.keys) == 1:
-            return retry_after_of(replies, quorum)
         waits = [
             retry_after_of([r[2 * j + 1] if isinstance(r, list) else r for r in replies], quorum)
             for j in range(len(self.keys))
@@ -517,7 +553,9 @@ class Attempts:
             self.resource, self.resources, outcome, max(0.0, now - self.begun), waited, self.contended, self.attempts
         )
 
-    def error(self, nodes: Sequence[Any], quorum: int, retry_after: float | None, note: str = "") -> LockNotAcquired:
+    def error(
+        self, nodes: Sequence[Any], quorum: int, retry_after: float | None, note: str = "", held: Sequence[Any] = ()
+    ) -> LockNotAcquired:
         granted = count(self.results) >= quorum
         return not_acquired(
             self.resource,
@@ -528,4 +566,5 @@ class Attempts:
             retry_after=retry_after,
             attempts=self.attempts,
             note=note,
+            held=held,
         )

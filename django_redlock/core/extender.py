@@ -104,8 +104,7 @@ def next_action(watch: Watch, lock: Any) -> str:
             reason = f"it expired while extensions failed (last: {watch.failure})"
         else:
             reason = "it expired before it could be extended"
-        if lock._mark_lost(reason, while_held=True):
-            logger.error("Lock %r was lost: %s", lock.resource, reason)
+        lock._mark_lost(reason, while_held=True)
         return "stop"
     if watch.stopped is None and watch.stop_extending_at is not None and now >= watch.stop_extending_at:
         watch.stopped = "it was no longer extended (max_hold reached) and expired"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from django_redlock.core.sync_manager import LockManager, ManagerBase
 
 __all__ = ["Lock", "LockBase"]
+
+logger = logging.getLogger("django_redlock")
 
 _Self = TypeVar("_Self", bound="LockBase")
 
@@ -64,6 +67,9 @@ class LockBase:
         #: True once the lock is known to be expired or taken over.
         self.lost = False
         self.lost_reason: str | None = None
+        #: Set by a holder that reports a loss itself (a management command's error line): the loss
+        #: is then not logged as well, so it is told once.
+        self.reports_own_loss = False
         #: True once :meth:`release` ran.
         self.released = False
         self.max_extensions: int | None = manager.config.max_extensions
@@ -114,7 +120,7 @@ class LockBase:
         return os.getpid() != self._pid
 
     def _mark_lost(self, reason: str, *, while_held: bool = False) -> bool:
-        """Record the loss once; return True the first time.
+        """Record the loss once (logged, and told to the hooks); return True the first time.
 
         ``while_held``: the evidence predates a release only if the lock was not
         released yet, so a released lock is left alone.
@@ -127,6 +133,8 @@ class LockBase:
             self.lost = True
             self.lost_reason = reason
             listener = self._lost_listener
+        if not self.reports_own_loss:
+            logger.error("Lock %r was lost: %s (holder digest %s)", self.resource, reason, self.holder.digest)
         base.call_hook(self.manager.config.hooks, "lost", self, reason)
         if listener is not None:
             listener(self)

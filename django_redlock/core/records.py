@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import json.scanner
 import math
@@ -32,6 +33,17 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+#: How many hex digits of a token's SHA-256 its digest shows.
+DIGEST_DIGITS = 12
+
+
+def digest_of(token: str) -> str:
+    """The digest that names a holder on every screen and log line: the first :data:`DIGEST_DIGITS` hex
+    digits of the SHA-256 of its token. The token itself authorizes release, extension and ``adopt()``,
+    so it is never shown; the digest tells nothing of it and is the same wherever the holder is seen."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_DIGITS]
 
 
 def _text(value: Any) -> str | None:
@@ -176,9 +188,20 @@ class Holder:
         )
         return holder
 
+    @property
+    def digest(self) -> str:
+        """What names this holder where its token must not be shown (see :func:`digest_of`)."""
+        return digest_of(self.token)
+
     def __str__(self) -> str:
         where = f"{printable(self.host or '?')}:{self.pid if self.pid is not None else '?'}"
         return f"{where} ({printable(self.label)})" if self.label else where
+
+    def __repr__(self) -> str:  # the token is a secret: its digest stands in for it
+        return (
+            f"Holder(digest={self.digest!r}, host={self.host!r}, pid={self.pid!r}, label={self.label!r}, "
+            f"acquired_at={self.acquired_at!r}, members={self.members!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -212,6 +235,17 @@ def main_copies(values: Sequence[str]) -> tuple[int, ...]:
     holders = _holders(values)
     token = Counter(h.token for h in holders).most_common(1)[0][0]
     return tuple(i for i, h in enumerate(holders) if h.token == token)
+
+
+def agreed_holder(values: Sequence[Any], quorum: int) -> tuple[Holder, int] | None:
+    """The holder a quorum of nodes store (each node's value of one key: a string, bytes, or anything
+    else for none), and on how many nodes; None when no value is on a quorum."""
+    texts = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values]
+    found = Counter(v for v in texts if type(v) is str and v)
+    if not found:
+        return None
+    value, nodes = found.most_common(1)[0]
+    return (Holder.decode(value), nodes) if nodes >= quorum else None
 
 
 def ttl_of(pttls: Sequence[int], quorum: int) -> float:
@@ -269,7 +303,7 @@ class LockRecord:
     key: str
     #: The nodes holding the key, in node order, and each one's stored value, ttl (ms) and live places in line.
     nodes: tuple[str, ...]
-    values: tuple[str, ...]
+    values: tuple[str, ...] = field(repr=False)  # secrets: each holds its holder's token
     pttls: tuple[int, ...]
     lives: tuple[int, ...]
     total: int

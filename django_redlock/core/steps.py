@@ -262,7 +262,8 @@ def acquire(
         if timed:
             base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
         raise
-    error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "")
+    held = base.holders_of(plan.resources, ttls, quorum, plan.value)
+    error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "", held)
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     if timed:
         outcome: base.Outcome = "no_quorum" if isinstance(error, QuorumUnavailable) else "locked"

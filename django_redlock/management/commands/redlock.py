@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_redlock.adapters.commands import keep_exit_code
 from django_redlock.adapters.options import node_wait, option_type, option_value
 from django_redlock.core import ledger
-from django_redlock.core.records import STATE_WORDS, printable, same_everywhere, seconds
+from django_redlock.core.records import DIGEST_DIGITS, STATE_WORDS, printable, same_everywhere, seconds
 from django_redlock.exceptions import LockError, QuorumUnavailable
 from django_redlock.exit_codes import ExitCode
 
@@ -98,10 +98,14 @@ class Command(BaseCommand):
             state: (self.style.SUCCESS if state == "held" else self.style.WARNING)(f"{word:<{words}}")
             for state, word in STATE_WORDS.items()
         }
-        lines = [f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>5}  {'TTL':>8}  {'WAITING':>7}  HOLDER"]
-        row = f"%-{width}s  %s  %5s  %7.1fs  %7d  %s"  # one %-format a line: faster than an f-string's specs
+        digits = DIGEST_DIGITS
+        lines = [
+            f"{'RESOURCE':<{width}}  {'STATE':<{words}}  {'NODES':>8}  {'TTL':>8}  {'WAITING':>7}  "
+            f"{'DIGEST':<{digits}}  HOLDER"
+        ]
+        row = f"%-{width}s  %s  %8s  %7.1fs  %7d  %s  %s"  # one %-format a line: faster than an f-string's specs
         lines += [
-            row % (name, states[r.state], f"{r.nodes_holding}/{r.total}", r.ttl, r.waiting, r.holder)
+            row % (name, states[r.state], nodes_text(r), r.ttl, r.waiting, r.holder.digest, r.holder)
             for name, r in zip(names, records)
         ]
         return "\n".join(lines)
@@ -293,13 +297,19 @@ def _seconds_text(ttl: float) -> str:
     return seconds_json((pttl,))[0] if pttl >= 0 and pttl / 1000.0 == ttl else repr(ttl)
 
 
+def nodes_text(record: Any) -> str:
+    """How many nodes hold the lock's main holder, of all: ``"2 of 3"``."""
+    return f"{record.nodes_holding} of {record.total}"
+
+
 def holder_json(holder: Any) -> str:
-    """A holder as JSON: ``null``, or an object with ``token``, ``host``, ``pid``, ``label`` and ``acquired_at``."""
+    """A holder as JSON: ``null``, or an object with ``digest`` (never the token: it authorizes release),
+    ``host``, ``pid``, ``label`` and ``acquired_at``."""
     if holder is None:
         return "null"
     host, label = holder.host, holder.label
     return (
-        f'{{"token": {_text(holder.token)}, "host": {_text(host) if type(host) is str else _scalar(host)}, '
+        f'{{"digest": "{holder.digest}", "host": {_text(host) if type(host) is str else _scalar(host)}, '
         f'"pid": {_scalar(holder.pid)}, "label": {_text(label) if type(label) is str else _scalar(label)}, '
         f'"acquired_at": {_scalar(holder.acquired_at)}}}'
     )
