@@ -258,9 +258,15 @@ class NodeConfig:
         node_timeout: float,
         name: str | None = None,
         fsync_always: bool = False,
+        sentinel: Any = None,
     ) -> None:
         kwargs = dict(connection_kwargs)
         secrets = [str(kwargs.get("password") or ""), str(kwargs.get("ssl_password") or "")]
+        #: A :class:`~django_redlock.core.sentinel.SentinelGroup`: its Sentinels name the master to connect to.
+        self.sentinel = sentinel
+        if sentinel is not None:
+            secrets += sentinel.secrets
+            name = name or sentinel.name(int(kwargs.get("db") or 0))
         if connection_class is redis.SSLConnection and not any(kwargs.get(k) for k in _OCSP):
             connection_class = TLSConnection
         kwargs.update(
@@ -289,7 +295,8 @@ class NodeConfig:
         self._fsync_always = bool(fsync_always)
         #: What this process learned of the server at this address, kept across forks and shared
         #: by every manager and the asyncio books (a failover is noticed whoever probes first).
-        self.history = ledger.history_for(self.path or (f"{self.host}:{self.port}" if self.host else self.name))
+        address = sentinel.key if sentinel is not None else self.path or (f"{self.host}:{self.port}" if self.host else self.name)
+        self.history = ledger.history_for(address)
         self._secrets = [s for s in secrets if s]
         self._tls: ssl.SSLContext | None = None
         self._tls_lock = forks.mutex(self, "_tls_lock")
@@ -321,7 +328,8 @@ class NodeConfig:
 
     def new_connection(self) -> Any:
         """A redis-py connection to this node, not connected yet (over the node's TLS context)."""
-        conn = self.connection_class(**self.kwargs)
+        kwargs = self.kwargs if self.sentinel is None else {**self.kwargs, **self.sentinel.follow(self)}
+        conn = self.connection_class(**kwargs)
         if self.connection_class is TLSConnection:
             conn.context = self.tls_context()
         return conn
@@ -364,10 +372,15 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
     """One node spec as ``make`` (a :class:`NodeConfig` class); an instance of it is taken as is."""
     if isinstance(spec, make):
         return spec
+    from django_redlock.core import sentinel
     if isinstance(spec, str):
         return _from_url(spec, {}, node_timeout, where, make)
+    pool = getattr(spec, "connection_pool", None)
+    if sentinel.is_sentinel_pool(pool):  # django-redis's or django-valkey's SentinelClient
+        return sentinel.from_pool(pool, node_timeout, where, make)
+    if isinstance(spec, Mapping) and "SENTINELS" in {str(k).upper() for k in spec}:
+        return sentinel.from_dict(spec, node_timeout, where, make)
     if isinstance(spec, redis.Redis):
-        pool = spec.connection_pool
         return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
     if is_valkey_client(spec):
         connection_class, kwargs = valkey_settings(spec.connection_pool, where)

@@ -1,0 +1,179 @@
+"""A real Sentinel group for tests: one master, one replica and one or three ``redis-server --sentinel``
+processes on free loopback ports, in a temporary directory.
+
+Sentinel timings are short (``down-after-milliseconds`` 1000) and :meth:`SentinelGroup.failover`
+forces a failover with ``SENTINEL FAILOVER`` and returns once every sentinel names the new master
+and the old one follows it as a replica.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import redis
+
+from django_redlock.testing import RedisServer, find_redis_server, free_port
+
+SERVICE = "lockmaster"
+
+
+class SentinelGroup:
+    """``master`` and ``replica`` (:class:`RedisServer`), and ``sentinel_ports``."""
+
+    def __init__(self, sentinels: int = 1, password: str | None = None, sentinel_password: str | None = None) -> None:
+        self.count = sentinels
+        self.password = password
+        self.sentinel_password = sentinel_password
+        self.workdir = tempfile.mkdtemp(prefix="redlock-sentinel-")
+        self.master = RedisServer(password=password, extra_args=self._auth_args())
+        self.replica: RedisServer | None = None
+        self.sentinel_ports: list[int] = []
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    def _auth_args(self) -> list[str]:
+        return ["--masterauth", self.password] if self.password else []
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", port) for port in self.sentinel_ports]
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.master] + ([self.replica] if self.replica else [])
+
+    def spec(self, **extra: Any) -> dict[str, Any]:
+        """The ``REDLOCK_NODES`` entry for this group."""
+        spec: dict[str, Any] = {"SENTINELS": self.addresses, "SERVICE": SERVICE}
+        if self.password:
+            spec["OPTIONS"] = {"password": self.password}
+        if self.sentinel_password:
+            spec["SENTINEL_OPTIONS"] = {"password": self.sentinel_password}
+        spec.update(extra)
+        return spec
+
+    # -- life cycle -------------------------------------------------------------
+
+    def start(self) -> SentinelGroup:
+        try:
+            self.master.start()
+            self.replica = RedisServer(
+                password=self.password,
+                extra_args=[*self._auth_args(), "--replicaof", "127.0.0.1", str(self.master.port)],
+            ).start()
+            for _ in range(self.count):
+                self._start_sentinel()
+            self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
+            if self.count > 1:
+                self.wait_until(
+                    lambda: all(self.state(p)["num-other-sentinels"] == self.count - 1 for p in self.sentinel_ports),
+                    "sentinels see each other",
+                )
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def _start_sentinel(self) -> None:
+        binary = find_redis_server()
+        for _attempt in range(5):
+            port = free_port()
+            conf = os.path.join(self.workdir, f"sentinel-{port}.conf")
+            lines = [
+                f"port {port}",
+                "bind 127.0.0.1",
+                "protected-mode no",
+                f"dir {self.workdir}",
+                f"logfile {os.path.join(self.workdir, f'sentinel-{port}.log')}",
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} {max(1, self.count // 2 + 1)}",
+                f"sentinel down-after-milliseconds {SERVICE} 1000",
+                f"sentinel failover-timeout {SERVICE} 10000",
+            ]
+            if self.password:
+                lines.append(f"sentinel auth-pass {SERVICE} {self.password}")
+            if self.sentinel_password:
+                lines += [f"requirepass {self.sentinel_password}", f"sentinel sentinel-pass {self.sentinel_password}"]
+            with open(conf, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            process = subprocess.Popen(
+                [binary, conf, "--sentinel"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    self.client(port).ping()
+                except redis.RedisError:
+                    time.sleep(0.01)  # polling a process we just started: no event to await
+                    continue
+                self._sentinels.append(process)
+                self.sentinel_ports.append(port)
+                return
+            process.kill()
+            process.wait()
+        raise RuntimeError(f"redis-server --sentinel did not start; see {self.workdir}")
+
+    def stop(self) -> None:
+        for process in self._sentinels:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            process.wait()
+        self._sentinels = []
+        for server in self.servers:
+            server.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- what the sentinels say ---------------------------------------------------
+
+    def client(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, password=self.sentinel_password, socket_timeout=2)
+
+    def state(self, port: int) -> dict[str, Any]:
+        with self.client(port) as c:
+            return c.sentinel_master(SERVICE)  # type: ignore[no-any-return]
+
+    def knows_replica(self, port: int) -> bool:
+        with self.client(port) as c:
+            replicas = c.sentinel_slaves(SERVICE)
+        return any(not (r["is_sdown"] or r["is_odown"]) and r.get("master-link-status") == "ok" for r in replicas)
+
+    def master_port(self, port: int | None = None) -> int:
+        return int(self.state(port or self.sentinel_ports[0])["port"])
+
+    def current(self) -> RedisServer:
+        """The server the first sentinel names as master."""
+        port = self.master_port()
+        return next(s for s in self.servers if s.port == port)
+
+    def wait_until(self, done: Any, what: str, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if done():
+                    return
+            except (redis.RedisError, OSError, KeyError, StopIteration):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Sentinel group: timed out waiting until {what}; see {self.workdir}")
+            time.sleep(0.05)  # Sentinel has no event to subscribe to for these states
+
+    def failover(self) -> RedisServer:
+        """Force a failover; return the new master once every sentinel names it and the old one
+        replicates from it."""
+        old = self.current()
+        new = next(s for s in self.servers if s is not old)
+        with self.client(self.sentinel_ports[0]) as c:
+            c.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        self.wait_until(lambda: all(self.master_port(p) == new.port for p in self.sentinel_ports), "a new master")
+        self.wait_until(lambda: self._replicates_from(old, new), "the old master follows the new one")
+        self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
+        return new
+
+    def _replicates_from(self, server: RedisServer, master: RedisServer) -> bool:
+        with redis.Redis(port=server.port, password=self.password, socket_timeout=2) as c:
+            info = c.info("replication")
+        return info["role"] == "slave" and int(info["master_port"]) == master.port and info["master_link_status"] == "up"
