@@ -161,16 +161,19 @@ class SentinelGroup:
                 raise AssertionError(f"Sentinel group: timed out waiting until {what}; see {self.workdir}")
             time.sleep(0.05)  # Sentinel has no event to subscribe to for these states
 
-    def failover(self) -> RedisServer:
-        """Force a failover; return the new master once every sentinel names it and the old one
-        replicates from it."""
+    def failover(self, settle: bool = False) -> RedisServer:
+        """Force a failover; return the new master once every sentinel names it. With ``settle``,
+        also wait until the old master replicates from it and the sentinels see it as a replica
+        (Sentinel reconfigures it some seconds later): the next failover needs that."""
         old = self.current()
         new = next(s for s in self.servers if s is not old)
+        self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
         with self.client(self.sentinel_ports[0]) as c:
             c.execute_command("SENTINEL", "FAILOVER", SERVICE)
         self.wait_until(lambda: all(self.master_port(p) == new.port for p in self.sentinel_ports), "a new master")
-        self.wait_until(lambda: self._replicates_from(old, new), "the old master follows the new one")
-        self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
+        if settle:
+            self.wait_until(lambda: self._replicates_from(old, new), "the old master follows the new one")
+            self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
         return new
 
     def _replicates_from(self, server: RedisServer, master: RedisServer) -> bool:

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from django_redlock.core import clock, forks
 from django_redlock.core.books import NodeUnavailable
@@ -46,8 +48,8 @@ class SentinelGroup:
         self.sentinels = list(sentinels)
         self.service = service
         self.timeout = timeout
-        kwargs = {k: v for k, v in options.items() if k not in ("retry", "retry_on_error")}
-        kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False)
+        kwargs = {k: v for k, v in options.items() if k not in ("retry", "retry_on_error", "retry_on_timeout")}
+        kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
         accepted = _init_params(redis.Redis)
         kwargs.update({k: v for k, v in _handshake_off(redis.Connection).items() if k in accepted})
         self.kwargs = kwargs
@@ -192,7 +194,6 @@ def _address(sentinel: tuple[str, int]) -> str:
 
 def _async_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     from redis.asyncio.retry import Retry as AsyncRetry
-    from redis.backoff import NoBackoff
 
     return {**kwargs, "retry": AsyncRetry(NoBackoff(), 0)}
 

@@ -1,0 +1,203 @@
+"""A Sentinel-managed master as one node, on real ``redis-server --sentinel`` processes.
+
+The node asks its Sentinels for the master, follows a failover, and sits out for the restart
+window after a promotion (the promoted replica may lack the last locks written), for the sync
+and the asyncio driver alike. Its passwords, the master's and the Sentinels' own, never show.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+import redis
+from django.core.management import call_command
+
+from django_redlock.core import LockManager, ledger
+from django_redlock.core.nodes import parse_nodes
+from django_redlock.exceptions import LockNotAcquired
+from tests.conftest import eventually
+from tests.sentinels import SERVICE, SentinelGroup
+
+MASTER_SECRET = "m4ster-s3cret-pw"
+SENTINEL_SECRET = "s3ntinel-s3cret-pw"
+WINDOW = 2.0
+
+
+@pytest.fixture(scope="module")
+def group():
+    """One master, one replica, one Sentinel, with passwords; tests here do not fail it over."""
+    made = SentinelGroup(1, password=MASTER_SECRET, sentinel_password=SENTINEL_SECRET).start()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def fresh_group():
+    """A group of its own, for a test that fails it over."""
+    ledger._HISTORIES.by_address.clear()
+    made = SentinelGroup(1, password=MASTER_SECRET, sentinel_password=SENTINEL_SECRET).start()
+    yield made
+    made.stop()
+
+
+def _key(server, resource):
+    with redis.Redis(port=server.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        return c.get(f"redlock:lock:{resource}")
+
+
+def _try(manager, resource):
+    try:
+        return manager.acquire(resource, blocking=False)
+    except LockNotAcquired as exc:
+        return exc
+
+
+def _lock(manager, resource):
+    """The lock, or None when it was not acquired."""
+    got = _try(manager, resource)
+    return None if isinstance(got, LockNotAcquired) else got
+
+
+def test_a_lock_over_a_sentinel_node(group, engine):
+    manager = engine.manager([group.spec()], ttl=5.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    lock = manager.acquire("over-sentinel", blocking=False)
+    assert _key(group.current(), "over-sentinel") is not None
+    with pytest.raises(LockNotAcquired):
+        manager.acquire("over-sentinel", blocking=False)
+    lock.release()
+    assert _key(group.current(), "over-sentinel") is None
+    (status,) = manager.node_status()
+    assert status.name == f"sentinel:127.0.0.1:{group.sentinel_ports[0]}/{SERVICE}/0"
+    assert (status.host, status.port, status.role) == ("127.0.0.1", group.current().port, "master")
+
+
+def test_after_a_failover_the_node_follows_the_new_master_and_sits_out(fresh_group, engine):
+    manager = engine.manager(
+        [fresh_group.spec()], ttl=WINDOW, max_ttl=WINDOW, restart_window=WINDOW, retry_count=0, node_timeout=0.5
+    )
+    old = fresh_group.current()
+    # Sentinel took this server for the master moments ago (it just started): the node waits too.
+    eventually(lambda: _lock(manager, "warm-up"), WINDOW + 3).release()
+    new = fresh_group.failover()
+
+    def refused_on_the_new_master():
+        failure = _try(manager, "after-failover")
+        if isinstance(failure, LockNotAcquired):
+            return failure
+        failure.release()  # on the old master, before the node asked the Sentinel again
+        return None
+
+    refused = eventually(refused_on_the_new_master, 5)
+    (reason,) = refused.failures.values()
+    assert ledger.DELAYED_RESTART in reason, reason
+    (status,) = manager.node_status()
+    assert status.port == new.port and not status.votes and status.sits_out_for > 0
+    lock = eventually(lambda: _lock(manager, "after-failover"), WINDOW + 3)
+    assert _key(new, "after-failover") is not None and _key(old, "after-failover") is None
+    lock.release()
+
+
+def test_a_process_started_after_the_promotion_sits_out_too(fresh_group):
+    """Nothing of the old master is known here: Sentinel says how long ago it promoted this one.
+    The new master itself has been up (as a replica) for longer than the window."""
+    new = next(s for s in fresh_group.servers if s is not fresh_group.current())
+    eventually(lambda: _uptime(new) > WINDOW + 1, WINDOW + 5)
+    fresh_group.failover()
+    ledger._HISTORIES.by_address.clear()  # as a new process
+    manager = LockManager(
+        [fresh_group.spec()], ttl=WINDOW, max_ttl=WINDOW, restart_window=WINDOW, retry_count=0, node_timeout=0.5
+    )
+    try:
+        failure = _try(manager, "fresh")
+        assert isinstance(failure, LockNotAcquired)
+        (reason,) = failure.failures.values()
+        assert ledger.DELAYED_RESTART in reason, reason
+        eventually(lambda: _lock(manager, "fresh"), WINDOW + 3).release()
+    finally:
+        manager.close()
+
+
+def _uptime(server):
+    with redis.Redis(port=server.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        return c.info("server")["uptime_in_seconds"]
+
+
+def test_three_nodes_one_a_sentinel_group_keep_working_across_its_failover(servers, engine):
+    ledger._HISTORIES.by_address.clear()
+    three = SentinelGroup(3, password=MASTER_SECRET, sentinel_password=SENTINEL_SECRET).start()
+    try:
+        nodes = [servers.urls[0], three.spec(), servers.urls[1]]
+        manager = engine.manager(nodes, ttl=WINDOW, max_ttl=WINDOW, restart_window=WINDOW, retry_count=0,
+                                 node_timeout=0.5)
+        other = engine.manager(nodes, ttl=WINDOW, max_ttl=WINDOW, restart_window=WINDOW, retry_count=0,
+                               node_timeout=0.5)
+        eventually(lambda: all(s.votes for s in manager.node_status()), WINDOW + 3)
+        manager.acquire("before", blocking=False).release()
+        three.failover()
+        # The Sentinel node sits out; the two others still make a quorum, and exclusion holds.
+        held = manager.acquire("shared", blocking=False)
+        with pytest.raises(LockNotAcquired):
+            other.acquire("shared", blocking=False)
+        assert held.locked()
+        held.release()
+        lock = other.acquire("shared", blocking=False)
+        lock.release()
+        sentinel_node = other.node_status()[1]
+        assert not sentinel_node.votes and ledger.DELAYED_RESTART in sentinel_node.not_voting_reason
+        eventually(lambda: all(s.votes for s in manager.node_status()), WINDOW + 3)
+        assert manager.acquire("after", blocking=False).release()
+    finally:
+        three.stop()
+
+
+# -- what is shown --------------------------------------------------------------------------
+
+
+SECRETS = (MASTER_SECRET, SENTINEL_SECRET, "wr0ng-s3ntinel-pw", "wr0ng-m4ster-pw")
+
+
+def _clean(text):
+    for secret in SECRETS:
+        assert secret not in text, f"a password shows in: {text[:300]}"
+
+
+def test_passwords_never_show(group, settings, caplog):
+    bad_sentinel = group.spec(SENTINEL_OPTIONS={"password": "wr0ng-s3ntinel-pw"})
+    bad_master = group.spec(OPTIONS={"password": "wr0ng-m4ster-pw"})
+    settings.REDLOCK_NODES = [group.spec(), bad_sentinel, bad_master]
+    settings.REDLOCK = {"RESTART_WINDOW": 0}
+    caplog.set_level(logging.DEBUG)
+    nodes = parse_nodes(settings.REDLOCK_NODES, 0.5)
+    shown = [repr(nodes), str([n.name for n in nodes])]
+    manager = LockManager(settings.REDLOCK_NODES, retry_count=0, node_timeout=0.5, restart_window=0)
+    try:
+        failure = _try(manager, "secret")
+        assert isinstance(failure, LockNotAcquired)
+        statuses = manager.node_status()
+        assert [s.votes for s in statuses] == [True, False, False]
+        assert "no Sentinel named a master" in statuses[1].error and "authentication failed" in statuses[1].error
+        assert statuses[2].error == "authentication failed", statuses[2]
+        shown += [str(failure), repr(failure.failures), repr(statuses)]
+    finally:
+        manager.close()
+    for args in (("redlock", "status"), ("redlock", "status", "--json"), ("check", "--deploy")):
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            call_command(*args, stdout=out, stderr=err)
+        except BaseException as exc:  # noqa: BLE001 - a failing check or status exits: its text is what counts
+            shown.append(str(exc))
+        shown += [out.getvalue(), err.getvalue()]
+    shown += [record.getMessage() for record in caplog.records]
+    text = "\n".join(shown)
+    assert text.count("authentication failed") >= 6 and f"sentinel:127.0.0.1:{group.sentinel_ports[0]}" in text
+    _clean(text)
+
+
+def test_bad_sentinel_options_are_refused_without_the_password():
+    with pytest.raises(ValueError) as info:
+        parse_nodes([{"SENTINELS": [("h", 26379)], "SERVICE": "s",
+                      "SENTINEL_OPTIONS": {"password": SENTINEL_SECRET, "pasword": SENTINEL_SECRET}}], 0.05)
+    assert "nodes[0]: invalid 'SENTINEL_OPTIONS'" in str(info.value)
+    _clean(str(info.value))
