@@ -43,6 +43,7 @@ class Codes:
     NOT_FSYNCING = "django_redlock.W010"
     NO_REPLICATION = "django_redlock.W011"
     SITS_OUT = "django_redlock.W012"
+    SENTINEL_WRITES = "django_redlock.W013"
     NO_QUORUM = "django_redlock.E005"
 
 
@@ -79,6 +80,11 @@ class Messages:
     NO_VOTES = "Only {voting} of {total} Redlock nodes can vote now, {quorum} needed: every lock fails{until} ({detail})."
     SITS_OUT = "{count} of {total} Redlock nodes sit out after a restart; locks work ({voting} vote, {quorum} needed) ({detail})."
     NO_QUORUM = "Only {answered} of {total} Redlock nodes answered, {quorum} needed: every lock fails."
+    SENTINEL_WRITES = (
+        "Redlock node {node} is a Sentinel-managed master that takes writes with no replica in reach "
+        "(min-replicas-to-write {value}): cut off from its replicas and Sentinels, it goes on granting locks "
+        "while Sentinel promotes a replica, and this one node then votes twice."
+    )
 
 
 class Hints:
@@ -121,6 +127,11 @@ class Hints:
     NO_QUORUM = "Start the nodes that did not answer, or fix their address, password or firewall; run 'manage.py redlock status'."
     NO_REPLICATION = (
         "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
+    )
+    SENTINEL_WRITES = (
+        "On every server of the group set 'min-replicas-to-write 1' and 'min-replicas-max-lag' at least one second "
+        "below the Sentinels' down-after-milliseconds (in seconds), and give the master two replicas; a promoted "
+        "replica then sits out RESTART_WINDOW after the old master stopped taking writes."
     )
 
 
@@ -181,6 +192,8 @@ def _hooks_errors() -> list[Any]:
 
 
 def _server(node: Any) -> str:
+    if node.sentinel is not None:  # one master, whichever server its Sentinels name
+        return str(node.sentinel.key)
     if node.path:
         return f"unix:{node.path}"
     host = str(node.host)
@@ -376,6 +389,8 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
     hosts: dict[str, list[str]] = {}
     for node in nodes:
+        if node.host is None and not node.path:
+            continue  # a Sentinel node whose master is not known
         host = "localhost" if node.path or str(node.host) in LOOPBACK else str(node.host)
         hosts.setdefault(host, []).append(node.name)
     for host, names in hosts.items():
@@ -384,4 +399,28 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 Warning(Messages.SAME_HOST.format(nodes=", ".join(names), host=host), hint=Hints.SAME_HOST, id=Codes.SAME_HOST)
             )
     manager.close()
+    return errors + _sentinel_warnings(nodes)
+
+
+def _sentinel_warnings(nodes: list[Any]) -> list[Any]:
+    """Sentinel nodes whose master takes writes with no replica in reach (it would go on granting
+    locks through a partition while a replica is promoted)."""
+    from django_redlock.core import LockManager, steps
+
+    following = [node for node in nodes if node.sentinel is not None]
+    if not following:
+        return []
+    manager = LockManager(following)
+    try:
+        (replies,) = manager._run(steps.ask(len(following), [("CONFIG", "GET", "min-replicas-to-write")], PROBE_TIMEOUT))
+    finally:
+        manager.close()
+    errors: list[Any] = []
+    for node, reply in zip(following, replies):
+        value = _config_word(reply)
+        if value == "0":
+            errors.append(
+                Warning(Messages.SENTINEL_WRITES.format(node=node.name, value=value), hint=Hints.SENTINEL_WRITES,
+                        id=Codes.SENTINEL_WRITES)
+            )
     return errors

@@ -201,3 +201,139 @@ def test_bad_sentinel_options_are_refused_without_the_password():
                       "SENTINEL_OPTIONS": {"password": SENTINEL_SECRET, "pasword": SENTINEL_SECRET}}], 0.05)
     assert "nodes[0]: invalid 'SENTINEL_OPTIONS'" in str(info.value)
     _clean(str(info.value))
+
+
+# -- system checks ----------------------------------------------------------------------------
+
+
+def _ids(errors):
+    return sorted(e.id for e in errors)
+
+
+def test_the_checks_count_a_sentinel_group_as_one_master(group, settings, servers):
+    from django_redlock import checks
+
+    settings.REDLOCK_NODES = [group.spec(), servers.urls[0], servers.urls[1]]
+    assert _ids(checks.check_settings()) == []
+    # The same group twice (its Sentinels listed in another order) is one master listed twice.
+    again = group.spec(SENTINELS=list(reversed(group.addresses)))
+    settings.REDLOCK_NODES = [group.spec(), again, servers.urls[0]]
+    found = checks.check_settings()
+    assert _ids(found) == [checks.Codes.FEW_MASTERS, checks.Codes.SAME_SERVER]
+    assert f"sentinel:{SERVICE}@127.0.0.1:{group.sentinel_ports[0]}" in found[1].msg
+
+
+def test_check_deploy_on_a_sentinel_node(group, settings, servers):
+    """The master behind the node is asked as any node is (one server under two entries shows);
+    one that takes writes with no replica in reach is named."""
+    from django_redlock import checks
+
+    master = group.current()
+    url = f"redis://:{MASTER_SECRET}@127.0.0.1:{master.port}/0"
+    settings.REDLOCK_NODES = [group.spec(), url, servers.urls[0]]
+    found = checks.check_nodes()
+    assert checks.Codes.SAME_RUN_ID in _ids(found)
+    (writes,) = [e for e in found if e.id == checks.Codes.SENTINEL_WRITES]
+    assert "min-replicas-to-write 0" in writes.msg and writes.msg.startswith("Redlock node sentinel:")
+    _clean(" ".join(e.msg + (e.hint or "") for e in found))
+    with redis.Redis(port=master.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        c.config_set("min-replicas-to-write", 1)
+        try:
+            settings.REDLOCK_NODES = [group.spec(), servers.urls[0], servers.urls[1]]
+            assert checks.Codes.SENTINEL_WRITES not in _ids(checks.check_nodes())
+        finally:
+            c.config_set("min-replicas-to-write", 0)
+
+
+# -- a cache whose client is a Sentinel client ------------------------------------------------
+
+
+def _sentinel_caches(group):
+    options = {
+        "SENTINELS": group.addresses,
+        "SENTINEL_KWARGS": {"password": SENTINEL_SECRET},
+        "PASSWORD": MASTER_SECRET,
+    }
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://{SERVICE}/0",
+            "OPTIONS": {
+                **options,
+                "CLIENT_CLASS": "django_redis.client.SentinelClient",
+                "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            },
+        },
+        "valkey": {
+            "BACKEND": "django_valkey.cache.ValkeyCache",
+            "LOCATION": f"valkey://{SERVICE}/0",
+            "OPTIONS": {
+                **options,
+                "CLIENT_CLASS": "django_valkey.client.SentinelClient",
+                "CONNECTION_FACTORY": "django_valkey.pool.SentinelConnectionFactory",
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("alias", ["redis", "valkey"])
+def test_a_cache_whose_client_is_a_sentinel_client(group, settings, alias):
+    if alias == "valkey":
+        pytest.importorskip("django_valkey.cache", exc_type=ImportError)
+    from django_redlock import conf
+
+    settings.CACHES = _sentinel_caches(group)
+    settings.REDLOCK_NODES = [f"cache:{alias}"]
+    (spec,) = conf.get_nodes()
+    (node,) = parse_nodes([spec], 0.5)
+    assert node.sentinel is not None and node.sentinel.service == SERVICE
+    assert node.sentinel.sentinels == group.addresses
+    manager = LockManager([node], ttl=5.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    try:
+        lock = manager.acquire(f"via-{alias}", blocking=False)
+        assert _key(group.current(), f"via-{alias}") is not None
+        lock.release()
+        _clean(repr(node) + repr(manager.node_status()))
+    finally:
+        manager.close()
+
+
+def test_a_cache_of_the_replicas_is_refused(group, settings):
+    from django_redlock import conf
+
+    caches = _sentinel_caches(group)
+    caches["redis"]["LOCATION"] = f"redis://{SERVICE}/0?is_master=0"
+    caches["redis"]["OPTIONS"]["CLIENT_CLASS"] = "django_redis.client.DefaultClient"
+    settings.CACHES = caches
+    settings.REDLOCK_NODES = ["cache:redis"]
+    with pytest.raises(ValueError, match="is_master=1"):
+        parse_nodes(conf.get_nodes(), 0.5)
+
+
+# -- bad entries ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"SENTINELS": [], "SERVICE": "s"}, "'SENTINELS' must be a list of (host, port) pairs"),
+        ({"SENTINELS": "h:26379", "SERVICE": "s"}, "'SENTINELS' must be a list of (host, port) pairs"),
+        ({"SENTINELS": [("h", "26379")], "SERVICE": "s"}, "got the entry ('h', '26379')"),
+        ({"SENTINELS": [("h", 26379)]}, "'SERVICE' must be the master's name"),
+        ({"SENTINELS": [("h", 26379)], "SERVICE": "s", "OPTIONS": {"host": "x"}}, "cannot set ['host']"),
+        ({"SENTINELS": [("h", 26379)], "SERVICE": "s", "URL": "redis://x"}, "unknown key(s) ['URL']"),
+        ({"SENTINELS": [("h", 26379)], "SERVICE": "s", "FSYNC_ALWAYS": "yes"}, "'FSYNC_ALWAYS' must be True or False"),
+        ({"SENTINELS": [("h", 26379)], "SERVICE": "s", "OPTIONS": {"nope": 1}}, "invalid connection options"),
+    ],
+)
+def test_a_bad_sentinel_entry_names_what_is_wrong(spec, message):
+    with pytest.raises(ValueError) as info:
+        parse_nodes([spec], 0.05, "REDLOCK_NODES")
+    assert str(info.value).startswith("REDLOCK_NODES[0]: ") and message in str(info.value), str(info.value)
+
+
+def test_sentinels_may_be_written_as_host_port_strings():
+    (node,) = parse_nodes([{"SENTINELS": ["s1:26379", "[::1]:26380"], "SERVICE": "s", "FSYNC_ALWAYS": True}], 0.05)
+    assert node.sentinel.sentinels == [("s1", 26379), ("::1", 26380)] and node.fsync_always
+    assert node.name == "sentinel:s1:26379/s/0" and repr(node) == "<Node sentinel:s1:26379/s/0>"

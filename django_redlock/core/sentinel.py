@@ -280,7 +280,8 @@ _MANAGED = {"SentinelManagedConnection": redis.Connection, "SentinelManagedSSLCo
 
 def from_pool(pool: Any, node_timeout: float, where: str, make: type[N]) -> N:
     """A node from a client's Sentinel connection pool: the same service, Sentinels, passwords and TLS."""
-    if not getattr(pool, "is_master", True):
+    proxy = pool.connection_kwargs.get("connection_pool")  # what its connections ask: master or replicas
+    if not getattr(proxy, "is_master", getattr(pool, "is_master", True)):
         raise ValueError(
             f"{where}: this client's pool is for the replicas of {printable(str(pool.service_name))!r}; "
             "a node is the master: use the cache's write client (is_master=1)."
