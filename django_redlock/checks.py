@@ -191,9 +191,27 @@ def _hooks_errors() -> list[Any]:
     return [Error(text, hint="Fix REDLOCK['HOOKS'].", id=Codes.OPTIONS)]
 
 
+def _servers(nodes: list[Any]) -> list[str]:
+    """Each node's server; a Sentinel node's is its group (the service, and any Sentinel in common
+    with another entry for it), whichever master the Sentinels name."""
+    groups: list[tuple[str, set[Any], str]] = []
+    found = []
+    for node in nodes:
+        group = node.sentinel
+        if group is None:
+            found.append(_server(node))
+            continue
+        sentinels = set(group.sentinels)
+        known = next((g for g in groups if g[0] == group.service and g[1] & sentinels), None)
+        if known is None:
+            known = (group.service, sentinels, str(group.key))
+            groups.append(known)
+        known[1].update(sentinels)
+        found.append(known[2])
+    return found
+
+
 def _server(node: Any) -> str:
-    if node.sentinel is not None:  # one master, whichever server its Sentinels name
-        return str(node.sentinel.key)
     if node.path:
         return f"unix:{node.path}"
     host = str(node.host)
@@ -231,7 +249,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors += node_errors
     if node_errors or problems:
         return errors
-    servers = Counter(_server(node) for node in nodes)
+    servers = Counter(_servers(nodes))
     distinct = len(servers)
     if distinct < 3:
         errors.append(Warning(Messages.FEW_MASTERS.format(count=distinct), hint=Hints.FEW_MASTERS, id=Codes.FEW_MASTERS))

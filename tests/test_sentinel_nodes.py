@@ -215,8 +215,8 @@ def test_the_checks_count_a_sentinel_group_as_one_master(group, settings, server
 
     settings.REDLOCK_NODES = [group.spec(), servers.urls[0], servers.urls[1]]
     assert _ids(checks.check_settings()) == []
-    # The same group twice (its Sentinels listed in another order) is one master listed twice.
-    again = group.spec(SENTINELS=list(reversed(group.addresses)))
+    # The same group twice (another Sentinel listed first) is one master listed twice.
+    again = group.spec(SENTINELS=[("127.0.0.2", 26379), *group.addresses])
     settings.REDLOCK_NODES = [group.spec(), again, servers.urls[0]]
     found = checks.check_settings()
     assert _ids(found) == [checks.Codes.FEW_MASTERS, checks.Codes.SAME_SERVER]

@@ -337,6 +337,12 @@ class NodeConfig:
     def _configured(self) -> None:
         """What a driver's node adds once the settings are known (its connections' books)."""
 
+    @classmethod
+    def follower(cls: type[N], spec: NodeSpec, node_timeout: float, where: str) -> N | None:
+        """``spec`` as a node that follows a master named elsewhere (the drivers' nodes read Sentinel
+        entries: :mod:`~django_redlock.core.sentinel`); None: ``spec`` is not one."""
+        return None
+
     @property
     def fsync_always(self) -> bool:
         """Declared to fsync every write: votes at once after a restart (still probed: a failover is not a restart)."""
@@ -372,15 +378,13 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
     """One node spec as ``make`` (a :class:`NodeConfig` class); an instance of it is taken as is."""
     if isinstance(spec, make):
         return spec
-    from django_redlock.core import sentinel
     if isinstance(spec, str):
         return _from_url(spec, {}, node_timeout, where, make)
-    pool = getattr(spec, "connection_pool", None)
-    if sentinel.is_sentinel_pool(pool):  # django-redis's or django-valkey's SentinelClient
-        return sentinel.from_pool(pool, node_timeout, where, make)
-    if isinstance(spec, Mapping) and "SENTINELS" in {str(k).upper() for k in spec}:
-        return sentinel.from_dict(spec, node_timeout, where, make)
+    found = make.follower(spec, node_timeout, where)
+    if found is not None:
+        return found
     if isinstance(spec, redis.Redis):
+        pool = spec.connection_pool
         return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout)
     if is_valkey_client(spec):
         connection_class, kwargs = valkey_settings(spec.connection_pool, where)
@@ -434,7 +438,7 @@ def valkey_settings(pool: Any, where: str) -> tuple[type, dict[str, Any]]:
     connection_class = _VALKEY_CONNECTIONS.get(name)
     if connection_class is None:
         raise ValueError(
-            f"{where}: a valkey-py client with {name} connections (Sentinel or cluster) cannot be a node; "
+            f"{where}: a valkey-py client with {name} connections (a cluster) cannot be a node; "
             "Redlock needs one independent master per node: give its address."
         )
     accepted = _init_params(connection_class)

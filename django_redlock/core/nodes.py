@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from django_redlock.core import clock
+from django_redlock.core import clock, sentinel
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.node_spec import NodeConfig, NodeSpec, config_from_spec, describe, parse_specs
 from django_redlock.core.resp import INCOMPLETE, pack, pack_write
@@ -67,6 +67,10 @@ class Node(NodeConfig):
     restart probe learned (see :mod:`django_redlock.core.ledger`); the node
     keeps its release debts.
     """
+
+    @classmethod
+    def follower(cls, spec: NodeSpec, node_timeout: float, where: str) -> Node | None:
+        return sentinel.node_from(spec, node_timeout, where, cls)
 
     def _configured(self) -> None:
         self._mutex = threading.Lock()

@@ -29,7 +29,7 @@ from django_redlock.core.books import NodeUnavailable
 from django_redlock.core.node_spec import NodeConfig, _handshake_off, _init_params, describe
 from django_redlock.core.records import printable
 
-__all__ = ["RECHECK", "SentinelGroup", "from_dict", "from_pool", "is_sentinel_pool", "SPEC_KEYS"]
+__all__ = ["RECHECK", "SPEC_KEYS", "SentinelGroup", "from_dict", "from_pool", "is_sentinel_pool", "node_from"]
 
 #: An idle connection is used only if the Sentinels, asked at most this often, still name its server.
 RECHECK = 1.0
@@ -222,6 +222,17 @@ def _options(value: Any, where: str, key: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: {key!r} must be a dict of redis-py connection options; got {type(value).__name__}.")
     return dict(value)
+
+
+def node_from(spec: Any, node_timeout: float, where: str, make: type[N]) -> N | None:
+    """``spec`` as a Sentinel node: a dict with ``SENTINELS``, or a client whose pool is a Sentinel
+    pool (django-redis's and django-valkey's ``SentinelClient``); None: it is not one."""
+    pool = getattr(spec, "connection_pool", None)
+    if is_sentinel_pool(pool):
+        return from_pool(pool, node_timeout, where, make)
+    if isinstance(spec, Mapping) and "SENTINELS" in {str(k).upper() for k in spec}:
+        return from_dict(spec, node_timeout, where, make)
+    return None
 
 
 def from_dict(spec: Mapping[str, Any], node_timeout: float, where: str, make: type[N]) -> N:
