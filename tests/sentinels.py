@@ -26,18 +26,42 @@ SERVICE = "lockmaster"
 class SentinelGroup:
     """``master`` and ``replica`` (:class:`RedisServer`), and ``sentinel_ports``."""
 
-    def __init__(self, sentinels: int = 1, password: str | None = None, sentinel_password: str | None = None) -> None:
+    def __init__(
+        self,
+        sentinels: int = 1,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+        tls: tuple[str, str, str] | None = None,
+    ) -> None:
+        """``tls``: ``(cert file, key file, CA file)``: everything speaks TLS (the servers also keep
+        a plain port, for the fixture's own readiness checks)."""
         self.count = sentinels
         self.password = password
         self.sentinel_password = sentinel_password
+        self.tls = tls
         self.workdir = tempfile.mkdtemp(prefix="redlock-sentinel-")
-        self.master = RedisServer(password=password, extra_args=self._auth_args())
+        self.master = self._server([])
         self.replica: RedisServer | None = None
         self.sentinel_ports: list[int] = []
         self._sentinels: list[subprocess.Popen[bytes]] = []
 
     def _auth_args(self) -> list[str]:
         return ["--masterauth", self.password] if self.password else []
+
+    def _server(self, args: list[str]) -> RedisServer:
+        # A replica's full sync starts at once (diskless syncs wait 5 s for more replicas by default).
+        extra = [*self._auth_args(), "--repl-diskless-sync-delay", "0", *args]
+        server = RedisServer(password=self.password, extra_args=extra, tls=self.tls)
+        if self.tls:  # replicas and Sentinels must find each server at its TLS port
+            server.tls_port = free_port()
+            server.extra_args += ["--tls-replication", "yes", "--replica-announce-port", str(server.tls_port)]
+        return server
+
+    def port_of(self, server: RedisServer) -> int:
+        """The port the Sentinels know ``server`` by."""
+        port = server.tls_port if self.tls else server.port
+        assert port is not None
+        return port
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -50,10 +74,11 @@ class SentinelGroup:
     def spec(self, **extra: Any) -> dict[str, Any]:
         """The ``REDLOCK_NODES`` entry for this group."""
         spec: dict[str, Any] = {"SENTINELS": self.addresses, "SERVICE": SERVICE}
-        if self.password:
-            spec["OPTIONS"] = {"password": self.password}
-        if self.sentinel_password:
-            spec["SENTINEL_OPTIONS"] = {"password": self.sentinel_password}
+        tls = {"ssl": True, "ssl_ca_certs": self.tls[2]} if self.tls else {}
+        if self.password or tls:
+            spec["OPTIONS"] = {**({"password": self.password} if self.password else {}), **tls}
+        if self.sentinel_password or tls:
+            spec["SENTINEL_OPTIONS"] = {**({"password": self.sentinel_password} if self.sentinel_password else {}), **tls}
         spec.update(extra)
         return spec
 
@@ -62,10 +87,9 @@ class SentinelGroup:
     def start(self) -> SentinelGroup:
         try:
             self.master.start()
-            self.replica = RedisServer(
-                password=self.password,
-                extra_args=[*self._auth_args(), "--replicaof", "127.0.0.1", str(self.master.port)],
-            ).start()
+            self.replica = self._server(["--replicaof", "127.0.0.1", str(self.port_of(self.master))]).start()
+            # Sentinels learn of replicas from the master's INFO: one already in sync is seen at once.
+            self.wait_until(lambda: self._replicates_from(self.replica, self.master), "the replica is in sync")
             for _ in range(self.count):
                 self._start_sentinel()
             self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
@@ -85,12 +109,12 @@ class SentinelGroup:
             port = free_port()
             conf = os.path.join(self.workdir, f"sentinel-{port}.conf")
             lines = [
-                f"port {port}",
+                f"port {0 if self.tls else port}",
                 "bind 127.0.0.1",
                 "protected-mode no",
                 f"dir {self.workdir}",
                 f"logfile {os.path.join(self.workdir, f'sentinel-{port}.log')}",
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} {max(1, self.count // 2 + 1)}",
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.port_of(self.master)} {max(1, self.count // 2 + 1)}",
                 f"sentinel down-after-milliseconds {SERVICE} 1000",
                 f"sentinel failover-timeout {SERVICE} 10000",
             ]
@@ -98,6 +122,10 @@ class SentinelGroup:
                 lines.append(f"sentinel auth-pass {SERVICE} {self.password}")
             if self.sentinel_password:
                 lines += [f"requirepass {self.sentinel_password}", f"sentinel sentinel-pass {self.sentinel_password}"]
+            if self.tls:
+                cert, key, ca = self.tls
+                lines += [f"tls-port {port}", f"tls-cert-file {cert}", f"tls-key-file {key}", f"tls-ca-cert-file {ca}",
+                          "tls-auth-clients no", "tls-replication yes"]
             with open(conf, "w") as f:
                 f.write("\n".join(lines) + "\n")
             process = subprocess.Popen(
@@ -130,7 +158,8 @@ class SentinelGroup:
     # -- what the sentinels say ---------------------------------------------------
 
     def client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, password=self.sentinel_password, socket_timeout=2)
+        tls = {"ssl": True, "ssl_ca_certs": self.tls[2]} if self.tls else {}
+        return redis.Redis(port=port, password=self.sentinel_password, socket_timeout=2, **tls)
 
     def state(self, port: int) -> dict[str, Any]:
         with self.client(port) as c:
@@ -147,7 +176,7 @@ class SentinelGroup:
     def current(self) -> RedisServer:
         """The server the first sentinel names as master."""
         port = self.master_port()
-        return next(s for s in self.servers if s.port == port)
+        return next(s for s in self.servers if self.port_of(s) == port)
 
     def wait_until(self, done: Any, what: str, seconds: float = 30.0) -> None:
         deadline = time.monotonic() + seconds
@@ -170,7 +199,7 @@ class SentinelGroup:
         self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
         with self.client(self.sentinel_ports[0]) as c:
             c.execute_command("SENTINEL", "FAILOVER", SERVICE)
-        self.wait_until(lambda: all(self.master_port(p) == new.port for p in self.sentinel_ports), "a new master")
+        self.wait_until(lambda: all(self.master_port(p) == self.port_of(new) for p in self.sentinel_ports), "a new master")
         if settle:
             self.wait_until(lambda: self._replicates_from(old, new), "the old master follows the new one")
             self.wait_until(lambda: all(self.knows_replica(p) for p in self.sentinel_ports), "sentinels see the replica")
@@ -179,4 +208,4 @@ class SentinelGroup:
     def _replicates_from(self, server: RedisServer, master: RedisServer) -> bool:
         with redis.Redis(port=server.port, password=self.password, socket_timeout=2) as c:
             info = c.info("replication")
-        return info["role"] == "slave" and int(info["master_port"]) == master.port and info["master_link_status"] == "up"
+        return info["role"] == "slave" and int(info["master_port"]) == self.port_of(master) and info["master_link_status"] == "up"

@@ -337,3 +337,45 @@ def test_sentinels_may_be_written_as_host_port_strings():
     (node,) = parse_nodes([{"SENTINELS": ["s1:26379", "[::1]:26380"], "SERVICE": "s", "FSYNC_ALWAYS": True}], 0.05)
     assert node.sentinel.sentinels == [("s1", 26379), ("::1", 26380)] and node.fsync_always
     assert node.name == "sentinel:s1:26379/s/0" and repr(node) == "<Node sentinel:s1:26379/s/0>"
+
+
+# -- TLS to the Sentinels and to the master ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_group(tmp_path_factory):
+    from tests.certs import make_ca, make_server_cert
+
+    pki = tmp_path_factory.mktemp("sentinel-pki")
+    make_ca(pki)
+    make_ca(pki, "other-ca")
+    cert, key = make_server_cert(pki, "server", "IP:127.0.0.1,DNS:localhost")
+    made = SentinelGroup(1, password=MASTER_SECRET, sentinel_password=SENTINEL_SECRET,
+                         tls=(cert, key, str(pki / "ca.crt"))).start()
+    made.other_ca = str(pki / "other-ca.crt")
+    yield made
+    made.stop()
+
+
+def test_tls_to_the_sentinels_and_the_master(tls_group, engine):
+    manager = engine.manager([tls_group.spec()], ttl=5.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    lock = manager.acquire("over-tls", blocking=False)
+    lock.release()
+    (status,) = manager.node_status()
+    assert status.votes and status.port == tls_group.current().tls_port
+
+
+@pytest.mark.parametrize("side, reason", [
+    ("SENTINEL_OPTIONS", "no Sentinel named a master for 'lockmaster' (127.0.0.1:{port}: certificate not accepted"),
+    ("OPTIONS", "certificate not accepted"),
+])
+def test_a_certificate_not_accepted_is_named(tls_group, side, reason):
+    spec = tls_group.spec()
+    spec[side] = {**spec[side], "ssl_ca_certs": tls_group.other_ca}
+    manager = LockManager([spec], ttl=5.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    try:
+        (status,) = manager.node_status()
+    finally:
+        manager.close()
+    assert not status.reachable and status.error.startswith(reason.format(port=tls_group.sentinel_ports[0])), status
+    _clean(repr(status))
