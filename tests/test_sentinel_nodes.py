@@ -379,3 +379,28 @@ def test_a_certificate_not_accepted_is_named(tls_group, side, reason):
         manager.close()
     assert not status.reachable and status.error.startswith(reason.format(port=tls_group.sentinel_ports[0])), status
     _clean(repr(status))
+
+
+def _client_ids(server):
+    with redis.Redis(port=server.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        me = c.client_id()
+        clients = c.client_list(_type="normal")
+    return {int(client["id"]) for client in clients if not client["name"].startswith("sentinel-")} - {me}
+
+
+def test_a_connection_whose_server_answered_as_a_replica_is_not_used_again(fresh_group, engine):
+    """The master turned replica behind the Sentinels' back (they still name it): its vote fails
+    with READONLY, and the node leaves that connection for a new one (which asks the Sentinels)."""
+    manager = engine.manager([fresh_group.spec()], ttl=5.0, retry_count=0, node_timeout=0.5, restart_window=0)
+    manager.acquire("before", blocking=False).release()
+    master, replica = fresh_group.current(), fresh_group.replica
+    used = _client_ids(master)
+    assert used
+    with redis.Redis(port=replica.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        c.execute_command("REPLICAOF", "NO", "ONE")
+    with redis.Redis(port=master.port, password=MASTER_SECRET, socket_timeout=2) as c:
+        c.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+    failure = _try(manager, "readonly")
+    assert isinstance(failure, LockNotAcquired) and "READONLY" in str(failure), str(failure)
+    assert _try(manager, "readonly-again") is not None
+    assert not used & _client_ids(master), "the connection that met READONLY was used again"
