@@ -317,7 +317,8 @@ def test_a_cache_of_the_replicas_is_refused(group, settings):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"SENTINELS": [], "SERVICE": "s"}, "'SENTINELS' must be a list of (host, port) pairs"),
+        ({"SENTINELS": [], "SERVICE": "s"}, "got an empty list"),
+        ({"SENTINELS": [("h", 26379)], "SERVICE": "s", "SENTINEL_OPTIONS": {"port": 1}}, "cannot set ['port']"),
         ({"SENTINELS": "h:26379", "SERVICE": "s"}, "'SENTINELS' must be a list of (host, port) pairs"),
         ({"SENTINELS": [("h", "26379")], "SERVICE": "s"}, "got the entry ('h', '26379')"),
         ({"SENTINELS": [("h", 26379)]}, "'SERVICE' must be the master's name"),

@@ -44,7 +44,9 @@ N = TypeVar("N", bound=NodeConfig)
 class SentinelGroup:
     """The Sentinels that name one service's master, and what this process last heard from them."""
 
-    def __init__(self, sentinels: Sequence[tuple[str, int]], service: str, options: Mapping[str, Any], timeout: float):
+    def __init__(
+        self, sentinels: Sequence[tuple[str, int]], service: str, options: Mapping[str, Any], timeout: float
+    ) -> None:
         self.sentinels = list(sentinels)
         self.service = service
         self.timeout = timeout
@@ -155,7 +157,7 @@ class SentinelGroup:
             if not state["is_master"]:
                 return "no master for the service"
             if state["is_sdown"] or state["is_odown"]:
-                return f"sees the master {state['ip']}:{state['port']} down"
+                return f"sees the master {printable(str(state['ip']))}:{printable(str(state['port']))} down"
             host, port = str(state["ip"]), int(state["port"])
         except (KeyError, TypeError, ValueError):
             return "unexpected reply to SENTINEL MASTER"
@@ -204,7 +206,8 @@ def _async_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 def _sentinels(value: Any, where: str) -> list[tuple[str, int]]:
     expected = "a list of (host, port) pairs, e.g. [('sentinel-a', 26379), ('sentinel-b', 26379)]"
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"{where}: 'SENTINELS' must be {expected}; got {type(value).__name__}.")
+        got = "an empty list" if isinstance(value, (list, tuple)) else type(value).__name__
+        raise ValueError(f"{where}: 'SENTINELS' must be {expected}; got {got}.")
     found = []
     for item in value:
         if isinstance(item, str) and item.rpartition(":")[2].isdigit():
@@ -253,9 +256,13 @@ def from_dict(spec: Mapping[str, Any], node_timeout: float, where: str, make: ty
     fsync_always = given.get("FSYNC_ALWAYS", False)
     if not isinstance(fsync_always, bool):
         raise ValueError(f"{where}: 'FSYNC_ALWAYS' must be True or False; got {printable(repr(fsync_always))[:40]}.")
-    placed = sorted(k for k in options if k in _PLACED)
-    if placed:
-        raise ValueError(f"{where}: 'OPTIONS' of a Sentinel node cannot set {placed}: the Sentinels name the master.")
+    for key, given_options in (("OPTIONS", options), ("SENTINEL_OPTIONS", sentinel_options)):
+        placed = sorted(k for k in given_options if k in _PLACED)
+        if placed:
+            raise ValueError(
+                f"{where}: {key!r} of a Sentinel node cannot set {placed}: 'SENTINELS' lists the Sentinels, "
+                "and they name the master."
+            )
     secrets = [str(o.get(k)) for o in (options, sentinel_options) for k in ("password", "ssl_password") if o.get(k)]
     problem = _problem(sentinel_options, secrets)
     if problem is not None:
@@ -309,10 +316,11 @@ def from_pool(pool: Any, node_timeout: float, where: str, make: type[N]) -> N:
     for client in pool.sentinel_manager.sentinels:
         settings = dict(client.connection_pool.connection_kwargs)
         sentinels.append((str(settings.pop("host", "localhost")), int(settings.pop("port", 26379))))
-        if issubclass(client.connection_pool.connection_class, (redis.SSLConnection,)) or "SSL" in (
-            client.connection_pool.connection_class.__name__
-        ):
+        if "SSL" in client.connection_pool.connection_class.__name__:  # redis-py's or valkey-py's, sync or asyncio
             settings["ssl"] = True
         sentinel_options = {k: v for k, v in settings.items() if k in _init_params(redis.Redis) and k not in skip}
     group = SentinelGroup(sentinels, str(pool.service_name), sentinel_options, node_timeout)
-    return make(connection_class, kwargs, node_timeout=node_timeout, sentinel=group)
+    try:
+        return make(connection_class, kwargs, node_timeout=node_timeout, sentinel=group)
+    except ValueError as exc:  # options redis-py refuses (already redacted): say which entry
+        raise ValueError(f"{where}: {exc}") from None
