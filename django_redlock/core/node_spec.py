@@ -295,8 +295,8 @@ class NodeConfig:
         self._fsync_always = bool(fsync_always)
         #: What this process learned of the server at this address, kept across forks and shared
         #: by every manager and the asyncio books (a failover is noticed whoever probes first).
-        address = sentinel.key if sentinel is not None else self.path or (f"{self.host}:{self.port}" if self.host else self.name)
-        self.history = ledger.history_for(address)
+        address = self.path or (f"{self.host}:{self.port}" if self.host else self.name)
+        self.history = ledger.history_for(address if sentinel is None else sentinel.key)  # a group: one history
         self._secrets = [s for s in secrets if s]
         self._tls: ssl.SSLContext | None = None
         self._tls_lock = forks.mutex(self, "_tls_lock")
