@@ -163,7 +163,7 @@ def _clean(text):
         assert secret not in text, f"a password shows in: {text[:300]}"
 
 
-def test_passwords_never_show(group, settings, caplog):
+def test_passwords_never_show(group, settings, caplog, admin_client):
     bad_sentinel = group.spec(SENTINEL_OPTIONS={"password": "wr0ng-s3ntinel-pw"})
     bad_master = group.spec(OPTIONS={"password": "wr0ng-m4ster-pw"})
     settings.REDLOCK_NODES = [group.spec(), bad_sentinel, bad_master]
@@ -189,6 +189,12 @@ def test_passwords_never_show(group, settings, caplog):
         except BaseException as exc:  # noqa: BLE001 - a failing check or status exits: its text is what counts
             shown.append(str(exc))
         shown += [out.getvalue(), err.getvalue()]
+    from django.urls import reverse
+
+    for page in ("admin:django_redlock_lock_changelist", "admin:django_redlock_lock_detail"):
+        response = admin_client.get(reverse(page), {"resource": "secret"})
+        assert response.status_code == 200
+        shown.append(response.content.decode())
     shown += [record.getMessage() for record in caplog.records]
     text = "\n".join(shown)
     assert text.count("authentication failed") >= 6 and f"sentinel:127.0.0.1:{group.sentinel_ports[0]}" in text
