@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from django_redlock.testing import RedisServer, find_redis_server, free_port
+from tests.proxy import Proxy
 
 SERVICE = "lockmaster"
 
@@ -32,9 +33,14 @@ class SentinelGroup:
         password: str | None = None,
         sentinel_password: str | None = None,
         tls: tuple[str, str, str] | None = None,
+        stream: bool = False,
     ) -> None:
         """``tls``: ``(cert file, key file, CA file)``: everything speaks TLS (the servers also keep
-        a plain port, for the fixture's own readiness checks)."""
+        a plain port, for the fixture's own readiness checks). ``stream``: the replica replicates
+        through a proxy, :attr:`stream`, that can hold the master's writes back (replication
+        falling behind)."""
+        self.stream: Proxy | None = None
+        self._through_proxy = stream
         self.count = sentinels
         self.password = password
         self.sentinel_password = sentinel_password
@@ -87,7 +93,11 @@ class SentinelGroup:
     def start(self) -> SentinelGroup:
         try:
             self.master.start()
-            self.replica = self._server(["--replicaof", "127.0.0.1", str(self.port_of(self.master))]).start()
+            upstream = self.port_of(self.master)
+            if self._through_proxy:
+                self.stream = Proxy(upstream).start()
+                upstream = self.stream.port
+            self.replica = self._server(["--replicaof", "127.0.0.1", str(upstream)]).start()
             # Sentinels learn of replicas from the master's INFO: one already in sync is seen at once.
             self.wait_until(lambda: self._replicates_from(self.replica, self.master), "the replica is in sync")
             for _ in range(self.count):
@@ -151,6 +161,8 @@ class SentinelGroup:
                 process.send_signal(signal.SIGKILL)
             process.wait()
         self._sentinels = []
+        if self.stream is not None:
+            self.stream.close()
         for server in self.servers:
             server.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -208,4 +220,5 @@ class SentinelGroup:
     def _replicates_from(self, server: RedisServer, master: RedisServer) -> bool:
         with redis.Redis(port=server.port, password=self.password, socket_timeout=2) as c:
             info = c.info("replication")
-        return info["role"] == "slave" and int(info["master_port"]) == self.port_of(master) and info["master_link_status"] == "up"
+        ports = {self.port_of(master)} | ({self.stream.port} if self.stream and master is self.master else set())
+        return info["role"] == "slave" and int(info["master_port"]) in ports and info["master_link_status"] == "up"

@@ -17,7 +17,8 @@ from django.core.management import call_command
 from django_redlock.core import LockManager, ledger
 from django_redlock.core.nodes import parse_nodes
 from django_redlock.exceptions import LockNotAcquired
-from tests.conftest import eventually
+from tests.conftest import eventually, on_nodes
+from tests.proxy import Proxy
 from tests.sentinels import SERVICE, SentinelGroup
 
 MASTER_SECRET = "m4ster-s3cret-pw"
@@ -411,3 +412,46 @@ def test_a_connection_whose_server_answered_as_a_replica_is_not_used_again(fresh
     assert isinstance(failure, LockNotAcquired) and "READONLY" in str(failure), str(failure)
     assert _try(manager, "readonly-again") is not None
     assert not used & _client_ids(master), "the connection that met READONLY was used again"
+
+
+# -- the lock a promoted replica never received -------------------------------------------------
+
+LOST_WINDOW = 8.0
+
+
+def test_a_lock_the_promoted_replica_never_received_is_not_granted_again(servers):
+    """Replication falls behind: a lock reaches the master only, the master dies, the Sentinel
+    promotes the replica. Without the sit-out, a second client would get the promoted replica's
+    vote and a node's that the first lock missed: two holders."""
+    ledger._HISTORIES.by_address.clear()
+    group = SentinelGroup(1, password=MASTER_SECRET, stream=True).start()
+    path = Proxy(servers[1].port).start()  # the first client's way to node 2, cut before it locks
+    options = {"ttl": LOST_WINDOW, "max_ttl": LOST_WINDOW, "restart_window": LOST_WINDOW, "retry_count": 0,
+               "node_timeout": 0.3}
+    first = LockManager([servers.urls[0], group.spec(), path.url], **options)
+    second = LockManager([servers.urls[0], group.spec(), servers.urls[1]], **options)
+    try:
+        eventually(lambda: all(s.votes for s in first.node_status() + second.node_status()), LOST_WINDOW + 3)
+        second.acquire("warm-up", blocking=False).release()
+        group.stream.hold_replies()  # the master's writes stop reaching the replica
+        path.close()
+        lock = first.acquire("lost", blocking=False)  # node 0 and the Sentinel group's master
+        assert on_nodes([servers[1]], "get", "lost") == [None]
+        group.current().kill()
+        new = group.replica
+        group.wait_until(lambda: group.master_port() == group.port_of(new), "the replica is promoted", 20)
+        assert _key(new, "lost") is None, "the lock reached the replica: nothing to lose"
+        for _ in range(2):  # the first vote may go on a connection the old master's death broke
+            refused = _try(second, "lost")
+            assert isinstance(refused, LockNotAcquired), "two holders"
+            assert lock.locked(), "the first lock is still valid: nobody else may hold it"
+            if ledger.DELAYED_RESTART in refused.failures[second.nodes[1]]:
+                break
+        assert ledger.DELAYED_RESTART in refused.failures[second.nodes[1]]
+        eventually(lambda: not lock.locked(), LOST_WINDOW + 1)
+        eventually(lambda: _lock(second, "lost"), LOST_WINDOW + 3).release()
+    finally:
+        first.close()
+        second.close()
+        path.close()
+        group.stop()
