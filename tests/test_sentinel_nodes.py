@@ -419,7 +419,7 @@ def test_a_connection_whose_server_answered_as_a_replica_is_not_used_again(fresh
 LOST_WINDOW = 8.0
 
 
-def test_a_lock_the_promoted_replica_never_received_is_not_granted_again(servers):
+def test_a_lock_the_promoted_replica_never_received_is_not_granted_again(servers, engine):
     """Replication falls behind: a lock reaches the master only, the master dies, the Sentinel
     promotes the replica. Without the sit-out, a second client would get the promoted replica's
     vote and a node's that the first lock missed: two holders."""
@@ -429,7 +429,7 @@ def test_a_lock_the_promoted_replica_never_received_is_not_granted_again(servers
     options = {"ttl": LOST_WINDOW, "max_ttl": LOST_WINDOW, "restart_window": LOST_WINDOW, "retry_count": 0,
                "node_timeout": 0.3}
     first = LockManager([servers.urls[0], group.spec(), path.url], **options)
-    second = LockManager([servers.urls[0], group.spec(), servers.urls[1]], **options)
+    second = engine.manager([servers.urls[0], group.spec(), servers.urls[1]], **options)
     try:
         eventually(lambda: all(s.votes for s in first.node_status() + second.node_status()), LOST_WINDOW + 3)
         second.acquire("warm-up", blocking=False).release()
@@ -452,6 +452,5 @@ def test_a_lock_the_promoted_replica_never_received_is_not_granted_again(servers
         eventually(lambda: _lock(second, "lost"), LOST_WINDOW + 3).release()
     finally:
         first.close()
-        second.close()
         path.close()
         group.stop()
