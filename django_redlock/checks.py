@@ -47,6 +47,7 @@ class Codes:
     SHARED_DIR = "django_redlock.W013"
     NO_ANSWER = "django_redlock.W014"
     CONFIG_REFUSED = "django_redlock.I001"
+    SENTINEL_WRITES = "django_redlock.W015"
     NO_QUORUM = "django_redlock.E005"
 
 
@@ -98,6 +99,11 @@ class Messages:
     CONFIG_REFUSED = (
         "CONFIG GET is refused to the lock user on {nodes}: locks work without it, but the eviction policy and "
         "persistence{untold} could not be checked."
+    )
+    SENTINEL_WRITES = (
+        "Redlock node {node} is a Sentinel-managed master that takes writes with no replica in reach "
+        "(min-replicas-to-write {value}): cut off from its replicas and Sentinels, it goes on granting locks "
+        "while Sentinel promotes a replica, and this one node then votes twice."
     )
 
 
@@ -152,6 +158,11 @@ class Hints:
     NO_REPLICATION = (
         "Grant '+info' (or at least '+info|server +info|replication') to the lock user: ACL SETUSER <user> +info."
     )
+    SENTINEL_WRITES = (
+        "On every server of the group set 'min-replicas-to-write 1' and 'min-replicas-max-lag' at least one second "
+        "below the Sentinels' down-after-milliseconds (in seconds), and give the master two replicas; a promoted "
+        "replica then sits out RESTART_WINDOW after the old master stopped taking writes."
+    )
 
 
 def _max_ttl_errors(config: Mapping[str, Any]) -> list[Any]:
@@ -202,6 +213,26 @@ def _hooks_errors(entries: Any) -> list[Any]:
     return [Error(text, hint="Fix REDLOCK['HOOKS'].", id=Codes.OPTIONS) for text in hooks_problems(entries)]
 
 
+def _servers(nodes: list[Any]) -> list[str]:
+    """Each node's server; a Sentinel node's is its group (the service, and any Sentinel in common
+    with another entry for it), whichever master the Sentinels name."""
+    groups: list[tuple[str, set[Any], str]] = []
+    found = []
+    for node in nodes:
+        group = node.sentinel
+        if group is None:
+            found.append(_server(node))
+            continue
+        sentinels = set(group.sentinels)
+        known = next((g for g in groups if g[0] == group.service and g[1] & sentinels), None)
+        if known is None:
+            known = (group.service, sentinels, str(group.key))
+            groups.append(known)
+        known[1].update(sentinels)
+        found.append(known[2])
+    return found
+
+
 def _server(node: Any) -> str:
     if node.path:
         return f"unix:{node.path}"
@@ -242,7 +273,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     errors += node_errors
     if node_errors or problems:
         return errors
-    servers = Counter(_server(node) for node in nodes)
+    servers = Counter(_servers(nodes))
     distinct = len(servers)
     if distinct == 1:
         errors.append(Warning(Messages.ONE_MASTER, hint=Hints.ONE_MASTER, id=Codes.FEW_MASTERS))
@@ -384,7 +415,8 @@ def _data_files(config: Mapping[str, str | None]) -> tuple[tuple[str, ...], set[
 def _shared_dirs(nodes: list[Any], configs: list[Mapping[str, str | None]], same: set[str]) -> list[Any]:
     """W013: nodes on one host of which one would load, after a restart, files another writes.
     ``same``: names of nodes that are one server listed twice (W006 says so)."""
-    files = {n.name: _data_files(c) for n, c in zip(nodes, configs) if n.name not in same}
+    known = [(n, c) for n, c in zip(nodes, configs) if n.host is not None or n.path]  # a Sentinel node's master may not be
+    files = {n.name: _data_files(c) for n, c in known if n.name not in same}
     groups: dict[tuple[str, str], list[str]] = {}
     for node, config in zip(nodes, configs):
         mine = files.get(node.name)
@@ -482,6 +514,8 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
     hosts: dict[str, list[str]] = {}
     for node in nodes:
+        if node.host is None and not node.path:
+            continue  # a Sentinel node whose master is not known
         hosts.setdefault(_host(node), []).append(node.name)
     for host, names in hosts.items():
         if len(names) > 1:
@@ -490,8 +524,32 @@ def check_nodes(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
     errors += _shared_dirs(nodes, configs, same)
     if config_refused:
-        crowded = any(len(hosts[_host(node)]) > 1 for node in nodes if node.name in config_refused)
+        crowded = any(len(hosts.get(_host(node), ())) > 1 for node in nodes if node.name in config_refused)
         untold = ", and whether a node shares its data directory with another on its host" if crowded else ""
         values = {"nodes": ", ".join(config_refused), "untold": untold}
         errors.append(Info(Messages.CONFIG_REFUSED.format(**values), hint=Hints.CONFIG_REFUSED, id=Codes.CONFIG_REFUSED))
+    return errors + _sentinel_warnings(nodes)
+
+
+def _sentinel_warnings(nodes: list[Any]) -> list[Any]:
+    """Sentinel nodes whose master takes writes with no replica in reach (it would go on granting
+    locks through a partition while a replica is promoted)."""
+    from django_redlock.core import LockManager, steps
+
+    following = [node for node in nodes if node.sentinel is not None]
+    if not following:
+        return []
+    manager = LockManager(following)
+    try:
+        (replies,) = manager._run(steps.ask(len(following), [("CONFIG", "GET", "min-replicas-to-write")], PROBE_TIMEOUT))
+    finally:
+        manager.close()
+    errors: list[Any] = []
+    for node, reply in zip(following, replies):
+        value = _config_word(reply)
+        if value == "0":
+            errors.append(
+                Warning(Messages.SENTINEL_WRITES.format(node=node.name, value=value), hint=Hints.SENTINEL_WRITES,
+                        id=Codes.SENTINEL_WRITES)
+            )
     return errors

@@ -228,7 +228,8 @@ def _aliases(alias: str) -> tuple[str, str]:
 
 def cache_client(alias: str, index: int) -> Any:
     """The client behind a Redis or Valkey cache (its pool settings, no second config): Django's
-    own RedisCache, django-redis, or django-valkey (sync or asyncio)."""
+    own RedisCache, django-redis, or django-valkey (sync or asyncio); a ``SentinelClient``'s
+    write client follows the master its Sentinels name."""
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
         meant, known = _aliases(alias)
@@ -271,7 +272,7 @@ def cache_client(alias: str, index: int) -> Any:
             f"(BACKEND = {caches[alias].get('BACKEND')!r}); use 'django.core.cache.backends.redis.RedisCache', "
             "'django_redis.cache.RedisCache', 'django_valkey.cache.ValkeyCache' or a URL."
         )
-    if len(servers) > 1:
+    if len(servers) > 1 and "Sentinel" not in type(getattr(cache, "client", None)).__name__:
         raise ImproperlyConfigured(
             f"REDLOCK_NODES[{index}]: cache {alias!r} lists {len(servers)} servers (a primary and replicas); "
             "Redlock needs one independent master per node. Use one cache alias per master."

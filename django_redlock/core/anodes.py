@@ -165,7 +165,10 @@ class AsyncNode:
             if self.node.tls_pending:
                 # The client's own CPU (the CA store parsed), never in a node timeout, and off the loop.
                 await asyncio.to_thread(self.node.tls_context)
-            conn = self.connection_class(**self.kwargs)
+            kwargs = self.kwargs
+            if self.node.sentinel is not None:  # the master its Sentinels name now
+                kwargs = {**kwargs, **await self.node.sentinel.afollow(self.node)}
+            conn = self.connection_class(**kwargs)
             if self.connection_class is _TLSConnection:
                 conn.context = self.node.tls_context()
             await _within(conn.connect(), self.node_timeout)
@@ -175,10 +178,20 @@ class AsyncNode:
         except Exception as exc:  # noqa: BLE001 - a failed connect is a failed vote
             if conn is not None:
                 await _adisconnect(conn)
-            raise NodeUnavailable(self.node.redact(describe(exc, self.node_timeout))) from None
+            reason = str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, self.node_timeout)
+            raise NodeUnavailable(self.node.redact(reason)) from None
         aconn = AConn(conn, self, books, transport)
         transport.set_protocol(aconn)
         return aconn
+
+    def usable(self, aconn: AConn, idle_for: float) -> bool:
+        """An idle connection of a Sentinel node is used while it goes to the master the Sentinels
+        name (and that server did not answer as a replica)."""
+        sentinel = self.node.sentinel
+        if sentinel is not None and (aconn.demoted or not sentinel.current(aconn.conn.host, aconn.conn.port)):
+            aconn.close()
+            return False
+        return _usable(aconn, idle_for)
 
     def drop(self, aconn: AConn, reason: str) -> None:
         """The connection broke (or is given up): the books tell the rounds waiting on it and drop it; close it."""
@@ -347,6 +360,11 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             await _look(loop)
             now = clock.now()
             break
+    following = [anode.node.sentinel for anode in anodes if anode.node.sentinel is not None]
+    if following and any(sentinel.due(now) for sentinel in following):
+        # Do the Sentinels still name the master idle connections go to? (at most every RECHECK)
+        await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
+        now = clock.now()
     rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
@@ -370,7 +388,7 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             if books[i].parked:
                 for stale in books[i].give_up_stale(now):
                     stale.close()
-            opened = rnd.open(i, now, _usable)
+            opened = rnd.open(i, now, anode.usable)
             if opened == NEW:
                 connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
             elif opened is not None:

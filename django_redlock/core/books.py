@@ -95,7 +95,9 @@ def ms_text(seconds: float) -> str:
 class ConnState:
     """What the books keep per connection: replies still due, and what its probe learned."""
 
-    __slots__ = ("expect", "restart", "probe_replies", "probing", "quiet_until", "scripts", "stamps", "waited", "parts")
+    __slots__ = (
+        "expect", "restart", "probe_replies", "probing", "quiet_until", "scripts", "stamps", "waited", "parts", "demoted"
+    )
 
     def __init__(self) -> None:
         #: Commands written whose replies have not been read, oldest first.
@@ -113,6 +115,8 @@ class ConnState:
         self.waited = 0.0
         #: Replies read of several commands sent as one, before the last (see :meth:`Round.write`).
         self.parts: list[Any] = []
+        #: Its server answered READONLY: a replica now (a Sentinel node connects to the master anew).
+        self.demoted = False
 
 
 C = TypeVar("C", bound=ConnState)
@@ -437,6 +441,7 @@ class NodeBooks(Generic[C]):
             self._learn_dataset(conn, token, now)
         elif str(reply).startswith("READONLY"):
             conn.restart = None
+            conn.demoted = True
 
     def _learn_dataset(self, conn: C, token: str | None, now: float) -> None:
         """Note the token a probe or a refused vote read on ``conn``; another one than before, from the

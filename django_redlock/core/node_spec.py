@@ -267,9 +267,15 @@ class NodeConfig:
         node_timeout: float,
         name: str | None = None,
         fsync_always: bool = False,
+        sentinel: Any = None,
     ) -> None:
         kwargs = dict(connection_kwargs)
         secrets = [str(kwargs.get("password") or ""), str(kwargs.get("ssl_password") or "")]
+        #: A :class:`~django_redlock.core.sentinel.SentinelGroup`: its Sentinels name the master to connect to.
+        self.sentinel = sentinel
+        if sentinel is not None:
+            secrets += sentinel.secrets
+            name = name or sentinel.name(int(kwargs.get("db") or 0))
         if connection_class is redis.SSLConnection and not any(kwargs.get(k) for k in _OCSP):
             connection_class = TLSConnection
         kwargs.update(
@@ -298,7 +304,8 @@ class NodeConfig:
         self._fsync_always = bool(fsync_always)
         #: What this process learned of the server at this address, kept across forks and shared
         #: by every manager and the asyncio books (a failover is noticed whoever probes first).
-        self.history = ledger.history_for(self.path or (f"{self.host}:{self.port}" if self.host else self.name))
+        address = self.path or (f"{self.host}:{self.port}" if self.host else self.name)
+        self.history = ledger.history_for(address if sentinel is None else sentinel.key)  # a group: one history
         self._secrets = [s for s in secrets if s]
         self._tls: ssl.SSLContext | None = None
         self._tls_lock = forks.mutex(self, "_tls_lock")
@@ -330,13 +337,20 @@ class NodeConfig:
 
     def new_connection(self) -> Any:
         """A redis-py connection to this node, not connected yet (over the node's TLS context)."""
-        conn = self.connection_class(**self.kwargs)
+        kwargs = self.kwargs if self.sentinel is None else {**self.kwargs, **self.sentinel.follow(self)}
+        conn = self.connection_class(**kwargs)
         if self.connection_class is TLSConnection:
             conn.context = self.tls_context()
         return conn
 
     def _configured(self) -> None:
         """What a driver's node adds once the settings are known (its connections' books)."""
+
+    @classmethod
+    def follower(cls: type[N], spec: NodeSpec, node_timeout: float, where: str) -> N | None:
+        """``spec`` as a node that follows a master named elsewhere (the drivers' nodes read Sentinel
+        entries: :mod:`~django_redlock.core.sentinel`); None: ``spec`` is not one."""
+        return None
 
     @property
     def fsync_always(self) -> bool:
@@ -373,6 +387,9 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
     """One node spec as ``make`` (a :class:`NodeConfig` class); an instance of it is taken as is."""
     if isinstance(spec, make):
         return spec
+    found = make.follower(spec, node_timeout, where)  # a Sentinel entry, or a client on a Sentinel pool
+    if found is not None:
+        return found
     options: dict[str, Any] = {}
     fsync_always = False
     if isinstance(spec, Mapping):
@@ -383,6 +400,10 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
         raise ValueError(
             f"{where}: 'OPTIONS' cannot go with a client as 'URL': the client's own connection settings are used."
         )
+    found = make.follower(spec, node_timeout, where)  # a Sentinel client as 'URL', declared FSYNC_ALWAYS or not
+    if found is not None:
+        found.fsync_always = fsync_always
+        return found
     if isinstance(spec, redis.Redis):
         pool = spec.connection_pool
         return make(pool.connection_class, pool.connection_kwargs, node_timeout=node_timeout, fsync_always=fsync_always)
@@ -397,6 +418,8 @@ def config_from_spec(spec: NodeSpec, node_timeout: float, where: str, make: type
 
 #: The keys of a node dict, upper-case as in Django's DATABASES and CACHES.
 NODE_KEYS = ("URL", "OPTIONS", "FSYNC_ALWAYS")
+#: The keys only a Sentinel node's dict has (:mod:`~django_redlock.core.sentinel`).
+SENTINEL_KEYS = ("SENTINELS", "SERVICE", "SENTINEL_OPTIONS")
 _YES_NO = {"yes", "no", "true", "false", "on", "off", "1", "0", "always", "never", ""}
 
 
@@ -404,7 +427,7 @@ def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bo
     """A node dict's address (a URL, or a client), ``OPTIONS`` and ``FSYNC_ALWAYS``, each checked."""
     unknown = [key for key in spec if key not in NODE_KEYS]
     if unknown:
-        raise ValueError(f"{where}: " + "; ".join(_unknown_key(key) for key in unknown))
+        raise ValueError(f"{where}: " + "; ".join(unknown_key(key) for key in unknown))
     url = spec.get("URL")
     options = spec.get("OPTIONS") or {}
     fsync_always = spec.get("FSYNC_ALWAYS", False)
@@ -426,11 +449,11 @@ def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bo
     return url, dict(options), fsync_always
 
 
-def _unknown_key(key: Any) -> str:
+def unknown_key(key: Any, known: Sequence[str] = NODE_KEYS) -> str:
     """An unknown node-dict key as written, with the key it probably meant."""
-    close = difflib.get_close_matches(str(key).upper(), NODE_KEYS, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(key).upper(), (*known, *SENTINEL_KEYS), n=1, cutoff=0.6)
     if not close:
-        return f"unknown key {key!r}; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'"
+        return f"unknown key {key!r}" + ("; expected 'URL' and optional 'OPTIONS', 'FSYNC_ALWAYS'" if known == NODE_KEYS else "")
     case = " (keys are upper-case)" if close[0] == str(key).upper() else ""
     return f"unknown key {key!r}; did you mean {close[0]!r}?{case}"
 
@@ -458,7 +481,7 @@ def valkey_settings(pool: Any, where: str) -> tuple[type, dict[str, Any]]:
     connection_class = _VALKEY_CONNECTIONS.get(name)
     if connection_class is None:
         raise ValueError(
-            f"{where}: a valkey-py client with {name} connections (Sentinel or cluster) cannot be a node; "
+            f"{where}: a valkey-py client with {name} connections (a cluster) cannot be a node; "
             "Redlock needs one independent master per node: give its address."
         )
     accepted = _init_params(connection_class)

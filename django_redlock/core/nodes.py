@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from django_redlock.core import clock
+from django_redlock.core import clock, sentinel
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.node_spec import NodeConfig, NodeSpec, config_from_spec, describe, parse_specs
 from django_redlock.core.resp import INCOMPLETE, pack, pack_write
@@ -67,6 +67,10 @@ class Node(NodeConfig):
     restart probe learned (see :mod:`django_redlock.core.ledger`); the node
     keeps its release debts.
     """
+
+    @classmethod
+    def follower(cls, spec: NodeSpec, node_timeout: float, where: str) -> Node | None:
+        return sentinel.node_from(spec, node_timeout, where, cls)
 
     def _configured(self) -> None:
         self._mutex = threading.Lock()
@@ -125,10 +129,12 @@ class Node(NodeConfig):
         """
         if (os.getpid() if pid is None else pid) != self._pid:
             self._check_fork()
+        if self.sentinel is not None and self.sentinel.due(now):
+            self.sentinel.recheck(self)  # do the Sentinels still name the master idle connections go to?
         with self._mutex:
             if self.books.parked:  # usually empty: only after an early decision or a silent node
                 self._drain_parked(now)
-            opened = rnd.open(i, now, _usable)
+            opened = rnd.open(i, now, _usable if self.sentinel is None else self._follows)
             if opened != NEW:
                 return opened
         conn = None
@@ -139,11 +145,20 @@ class Node(NodeConfig):
         except Exception as exc:  # noqa: BLE001 - any connect failure makes the node unavailable
             if conn is not None:
                 _disconnect(conn)
+            reason = str(exc) if isinstance(exc, NodeUnavailable) else describe(exc, self.node_timeout)
             with self._mutex:
-                rnd.connect_failed(i, self.redact(describe(exc, self.node_timeout)), clock.now())
+                rnd.connect_failed(i, self.redact(reason), clock.now())
             return None
         with self._mutex:
             return wire, None, rnd.write(i, wire, now)
+
+    def _follows(self, conn: Wire, idle_for: float) -> bool:
+        """A Sentinel node's idle connection is used while it goes to the master the Sentinels name
+        (and that server did not answer as a replica); else it is closed."""
+        if conn.demoted or not self.sentinel.current(conn.conn.host, conn.conn.port):
+            _disconnect(conn)
+            return False
+        return _usable(conn, idle_for)
 
     def checkin(self, conn: Wire, since: float, pid: int | None = None) -> None:
         if (os.getpid() if pid is None else pid) != self._pid:
