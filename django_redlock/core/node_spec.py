@@ -436,17 +436,20 @@ def _entry(spec: Mapping[Any, Any], where: str) -> tuple[Any, dict[str, Any], bo
         raise ValueError(f"{where}: 'URL' must be a Redis URL string (or a redis-py or valkey-py client); {got}.")
     if not isinstance(options, Mapping):
         raise ValueError(f"{where}: 'OPTIONS' must be a dict of redis-py connection options.")
-    if not isinstance(fsync_always, bool):
-        # A number or a word for yes or no is shown; else the type: it may be a URL or a password in the wrong key.
-        plain = fsync_always is None or isinstance(fsync_always, (int, float)) or (
-            isinstance(fsync_always, str) and fsync_always.lower() in _YES_NO
-        )
-        raise ValueError(
-            f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
-            f"appendfsync always, so it may vote right after a restart); "
-            f"got {repr(fsync_always) if plain else 'a ' + type(fsync_always).__name__}."
-        )
-    return url, dict(options), fsync_always
+    return url, dict(options), declared_fsync(fsync_always, where)
+
+
+def declared_fsync(value: Any, where: str) -> bool:
+    """A node dict's ``FSYNC_ALWAYS``, checked."""
+    if isinstance(value, bool):
+        return value
+    # A number or a word for yes or no is shown; else the type: it may be a URL or a password in the wrong key.
+    plain = value is None or isinstance(value, (int, float)) or (isinstance(value, str) and value.lower() in _YES_NO)
+    raise ValueError(
+        f"{where}: 'FSYNC_ALWAYS' must be True or False (True: the node runs appendonly yes with "
+        f"appendfsync always, so it may vote right after a restart); "
+        f"got {repr(value) if plain else 'a ' + type(value).__name__}."
+    )
 
 
 def unknown_key(key: Any, known: Sequence[str] = NODE_KEYS) -> str:

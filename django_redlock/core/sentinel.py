@@ -26,7 +26,7 @@ from redis.retry import Retry
 
 from django_redlock.core import clock, forks
 from django_redlock.core.books import NodeUnavailable
-from django_redlock.core.node_spec import NodeConfig, _handshake_off, _init_params, describe, unknown_key
+from django_redlock.core.node_spec import NodeConfig, _handshake_off, _init_params, declared_fsync, describe, unknown_key
 from django_redlock.core.records import printable
 
 __all__ = ["RECHECK", "SPEC_KEYS", "SentinelGroup", "from_dict", "from_pool", "is_sentinel_pool", "node_from"]
@@ -254,9 +254,7 @@ def from_dict(spec: Mapping[str, Any], node_timeout: float, where: str, make: ty
         raise ValueError(f"{where}: 'SERVICE' must be the master's name as the Sentinels monitor it (a string).")
     options = _options(given.get("OPTIONS"), where, "OPTIONS")
     sentinel_options = _options(given.get("SENTINEL_OPTIONS"), where, "SENTINEL_OPTIONS")
-    fsync_always = given.get("FSYNC_ALWAYS", False)
-    if not isinstance(fsync_always, bool):
-        raise ValueError(f"{where}: 'FSYNC_ALWAYS' must be True or False; got {printable(repr(fsync_always))[:40]}.")
+    fsync_always = declared_fsync(given.get("FSYNC_ALWAYS", False), where)
     for key, given_options in (("OPTIONS", options), ("SENTINEL_OPTIONS", sentinel_options)):
         placed = sorted(k for k in given_options if k in _PLACED)
         if placed:
