@@ -24,6 +24,7 @@ from django_redlock.core.scripts import (
     INSPECT,
     NO_PLACE,
     NOT_FIRST,
+    RECREATED,
     VOTE,
     Script,
     script_command,
@@ -260,14 +261,20 @@ def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quoru
         raise lost_error(lock.resource, reason)
 
 
-def extend_command(keys: Sequence[str], value: str, ttl: float) -> tuple[Any, ...]:
-    """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``."""
-    return script_command(EXTEND, keys, (value, ms(ttl)))
+def extend_command(keys: Sequence[str], value: str, ttl: float, mark: str, recreate: bool = False) -> tuple[Any, ...]:
+    """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``; with ``recreate``,
+    a key the node lost is set again where the node may vote (``mark``: the data-set marker key)."""
+    return script_command(EXTEND, keys, (value, ms(ttl), "1" if recreate else "", mark, ""))
 
 
 def extended(reply: Any) -> bool:
-    """An EXTEND reply that says the node now keeps the key for the new ttl."""
-    return type(reply) is int and reply == 1
+    """An EXTEND reply that says the node now keeps the key for the new ttl (extended or re-created)."""
+    return type(reply) is int and (reply == 1 or reply == RECREATED)
+
+
+def recreated(reply: Any) -> bool:
+    """An EXTEND reply that says the node had lost a key and now holds it again."""
+    return type(reply) is int and reply == RECREATED
 
 
 def extension_held(results: Sequence[Any], quorum: int, finished: float, old_deadline: float) -> bool:
@@ -458,7 +465,7 @@ class Attempts:
         fresh = self.ttl - self.config.drift(self.ttl)
         if self.granted_ttl >= self.ttl and fresh - self.validity <= TOP_UP * self.ttl:
             return None
-        command = extend_command(self.keys, self.value, self.ttl)
+        command = extend_command(self.keys, self.value, self.ttl, self.config.dataset_key)
         return command, max(0.001, min(self.config.node_timeout, self.validity))
 
     def topped_up(self, results: Sequence[Any], started: float, quorum: int, now: float) -> None:

@@ -449,11 +449,24 @@ class NodeBooks(Generic[C]):
             logger.warning("Node %s: %s.", self.name, ledger.REPLACED_DATASET)
         self.dataset, self.dataset_run = token, run or self.dataset_run
 
-    def vote(self, conn: C, window: float, now: float) -> Failure | None:
-        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+    def refusal(self, conn: C, window: float, now: float) -> str | None:
+        """Why a vote on ``conn`` would not count now under the delayed-restart rule, or None."""
         if window <= 0:
             return None
-        reason = ledger.vote_refusal(conn.restart, window, now, self.history.moved_at, self.fsync_always)
+        return ledger.vote_refusal(conn.restart, window, now, self.history.moved_at, self.fsync_always)
+
+    def recreating(self, conn: C, command: Command, window: float, now: float) -> Command:
+        """An EXTEND ``command`` as ``conn`` may carry it: a re-created key is a fresh vote for the same
+        value, so it may re-create a key this node lost only where a vote written now would count
+        (the node's restart state known, and no window to sit out); elsewhere its ARGV[3] is cleared.
+        Its data set is checked by the script, as a vote's (see :meth:`guarded`)."""
+        if command[-3] != "1" or self.refusal(conn, window, now) is None:
+            return command
+        return (*command[:-3], "", *command[-2:])
+
+    def vote(self, conn: C, window: float, now: float) -> Failure | None:
+        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+        reason = self.refusal(conn, window, now)
         if reason is None:
             return None
         restart = conn.restart
