@@ -118,3 +118,83 @@ def test_a_node_still_sitting_out_is_not_given_the_key(servers, engine):
     assert value_on(nodes[0], "sitting") is None
     assert not lock.lost
     lock.release()
+
+
+def test_a_lock_force_released_on_every_node_is_not_brought_back(servers, engine):
+    """Gone from a majority: the lock was released behind the holder's back; the keep-alive reports it
+    lost and leaves no key behind (what an extension set again is released)."""
+    nodes = servers[:3]
+    mgr = engine.manager([s.url for s in nodes], ttl=TTL, max_ttl=TTL, restart_window=0)
+    lock = mgr.acquire("forced", auto_extend=True)
+    assert mgr.force_release("forced") == 3
+    eventually(lambda: lock.lost, seconds=2 * TTL)
+    assert "no longer store" in lock.lost_reason
+    eventually(lambda: [value_on(s, "forced") for s in nodes] == [None] * 3, seconds=TTL)
+    other = engine.manager([s.url for s in nodes], restart_window=0).acquire("forced", blocking=False)
+    other.release()
+
+
+def test_the_extension_script_on_a_real_server(servers):
+    """EXTEND on one node: all or nothing over its keys, never over another holder, behind the data-set
+    check when it re-creates."""
+    from django_redlock.core.base import ManagerConfig, extend_command
+    from django_redlock.core.scripts import EXTEND
+
+    config = ManagerConfig()
+    a, b = config.key("a"), config.key("b")
+    client = redis.Redis(host="127.0.0.1", port=servers[0].port, socket_timeout=2)
+
+    def extend(recreate, token=""):
+        command = extend_command((a, b), "v", 5.0, config.dataset_key, recreate)
+        return client.execute_command("EVAL", EXTEND.source, *command[2:-1], token)
+
+    client.set(a, "v", px=1000)
+    assert extend(False) == 0 and client.exists(b) == 0  # b missing, not to be re-created
+    assert 0 < client.pttl(a) <= 1000
+    assert extend(True) == 2  # b re-created, a extended
+    assert client.mget(a, b) == [b"v", b"v"] and client.pttl(a) > 4000 and client.pttl(b) > 4000
+    assert extend(True) == 1
+    client.delete(b)
+    client.set(a, "other", px=60_000)
+    assert extend(True) == 0 and client.exists(b) == 0  # a is another holder's: nothing changes
+    client.set(a, "v", px=1000)
+    client.set(config.dataset_key, "token-1")
+    with pytest.raises(redis.ResponseError, match="DATASET token-1"):  # another data set than the one known
+        extend(True, "token-0")
+    assert client.exists(b) == 0 and client.pttl(a) <= 1000
+    assert extend(True, "token-1") == 2
+    client.close()
+
+
+def test_recreated_keys_are_counted_by_the_metrics(servers):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry
+
+    from django_redlock.core.config import CombinedHooks
+    from django_redlock.metrics import OpenTelemetryHooks, PrometheusHooks
+
+    registry, reader = CollectorRegistry(), InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    hooks = CombinedHooks(PrometheusHooks(registry), OpenTelemetryHooks(meter_provider=provider))
+    nodes = servers[:3]
+    with LockManager([s.url for s in nodes], ttl=TTL, max_ttl=TTL, restart_window=0, hooks=hooks) as mgr:
+        lock = mgr.acquire("counted", auto_extend=True)
+        with redis.Redis(host="127.0.0.1", port=nodes[1].port) as client:
+            client.delete("redlock:lock:counted")
+        eventually(lambda: value_on(nodes[1], "counted") is not None, seconds=2 * TTL)
+        lock.release()
+        names = mgr.nodes
+    sample = registry.get_sample_value
+    assert sample("django_redlock_keys_recreated_total", {"node": names[1]}) == 1
+    assert sample("django_redlock_keys_recreated_total", {"node": names[0]}) is None
+    points = [
+        p
+        for r in reader.get_metrics_data().resource_metrics
+        for s in r.scope_metrics
+        for m in s.metrics
+        if m.name == "redlock.keys.recreated"
+        for p in m.data.data_points
+    ]
+    assert [(dict(p.attributes), p.value) for p in points] == [({"redlock.node": names[1]}, 1)]
+    provider.shutdown()

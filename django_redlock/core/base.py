@@ -277,10 +277,30 @@ def recreated(reply: Any) -> bool:
     return type(reply) is int and reply == RECREATED
 
 
+def key_gone(reply: Any) -> bool:
+    """An EXTEND reply from a node that no longer stored the holder's value (it refused, or re-created the key)."""
+    return not isinstance(reply, Failure) and (reply == 0 or recreated(reply))
+
+
 def extension_held(results: Sequence[Any], quorum: int, finished: float, old_deadline: float) -> bool:
-    """An EXTEND fan-out holds when a quorum extended and the lock was still valid once the last reply
-    needed was read (``finished``); the new validity then counts from before its write."""
-    return count(results, extended) >= quorum and finished < old_deadline
+    """An EXTEND fan-out holds when a quorum extended (or re-created) the keys, the nodes that had lost
+    them leave a quorum that had not (a lock gone from a majority was released or taken: it is never
+    brought back), and the lock was still valid once the last reply needed was read (``finished``);
+    the new validity then counts from before its write."""
+    gone = count(results, key_gone)
+    return count(results, extended) >= quorum and gone <= len(results) - quorum and finished < old_deadline
+
+
+def extension_settled(quorum: int, total: int) -> Any:
+    """A ``done`` test for an EXTEND fan-out: stop once :func:`extension_held` is sure either way."""
+
+    def done(results: list[Any]) -> bool:
+        waiting = results.count(None)
+        good = count(results, extended)
+        gone = count(results, key_gone)
+        return (good >= quorum and gone + waiting <= total - quorum) or good + waiting < quorum or gone > total - quorum
+
+    return done
 
 
 def extension_limit_error(lock: LockBase, limit: int) -> LockError:

@@ -310,20 +310,24 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
     results = yield Fan(
         [command] * total,
         timeout=lock._extend_timeout(),
-        done=base.until_outcome(quorum, total, base.extended),
+        done=base.extension_settled(quorum, total),
         script=EXTEND,
         allow_lagging=False,
         restart_window=config.restart_window,
     )
     hooks = config.hooks
-    healed = [node.name for node, reply in zip(lock.manager.node_list, results) if base.recreated(reply)]
-    if healed:
-        base.call_hook(hooks, "recreated", lock, healed)
+    healed = [base.recreated(reply) for reply in results]
     try:
         lock._judge_extend(results, started, old_deadline, new_ttl, counted)
     except Exception:
         base.call_hook(hooks, "extension_finished", lock, automatic, False)
+        if any(healed) and lock.lost:  # gone from a majority: what it set again goes too
+            yield Background(release_fan(config, total, lock.resources, lock.value, new_ttl, only=healed))
         raise
+    if any(healed):
+        nodes = lock.manager.node_list
+        names = [node if isinstance(node, str) else node.name for node, again in zip(nodes, healed) if again]
+        base.call_hook(hooks, "recreated", lock, names)
     base.call_hook(hooks, "extension_finished", lock, automatic, True)
 
 
