@@ -57,7 +57,8 @@ def test_a_kept_alive_lock_regains_a_restarted_node_and_survives_the_next_failur
     mgr = engine.manager(old_nodes(nodes, WINDOW), ttl=TTL, max_ttl=TTL, restart_window=WINDOW, hooks=hooks)
     lock = mgr.acquire("heal", auto_extend=True)
     ours = lock.value.encode()
-    nodes[2].restart()  # empty: it forgot the key
+    token = lock.fencing_token
+    nodes[2].restart()  # empty: it forgot the key (and the fencing counter)
     assert value_on(nodes[2], "heal") is None
     # While it sits out, the extensions hold on the other two and give it nothing.
     extended_twice(lock)
@@ -74,8 +75,13 @@ def test_a_kept_alive_lock_regains_a_restarted_node_and_survives_the_next_failur
     assert [value_on(s, "heal") for s in nodes[1:]] == [ours, ours]
     with pytest.raises(LockNotAcquired):
         engine.manager([s.url for s in nodes], restart_window=0).acquire("heal", blocking=False)
+    # A key set again is the same lock: its token stands, and the next holder's is higher.
+    assert lock.fencing_token == token
     lock.release()
     assert [value_on(s, "heal") for s in nodes[1:]] == [None, None]
+    second = mgr.acquire("heal")
+    assert second.fencing_token > token
+    second.release()
 
 
 def test_a_key_expired_while_its_node_was_paused_comes_back(servers, engine):

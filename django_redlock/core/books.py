@@ -24,7 +24,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from django_redlock.core import ledger
 from django_redlock.core.entries import MARK
 from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, Waiter
-from django_redlock.core.scripts import DATASET
+from django_redlock.core.scripts import DATASET, EXTEND
 
 __all__ = [
     "COOL_OFF",
@@ -116,6 +116,15 @@ class ConnState:
 
 
 C = TypeVar("C", bound=ConnState)
+
+
+def plain_extension(command: Command) -> Command | None:
+    """An EXTEND's ``EVAL`` that may set a lost key again (booked as a vote) as one that may not, to
+    send late (nobody waits for it; a release of its value may already have run): None for any other
+    command."""
+    if command[0] != "EVAL" or command[1] != EXTEND.source or command[-3] != "1":
+        return None
+    return (*command[:-3], "", *command[-2:])
 
 
 def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
@@ -385,7 +394,12 @@ class NodeBooks(Generic[C]):
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
             if entry.waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
-                return entry, None
+                plain = plain_extension(entry.retry)
+                if plain is None:
+                    return entry, None
+                again = Entry(ledger.EXTEND, entry.key, entry.value)  # a vote is never sent late
+                conn.expect.append(again)
+                return again, plain
             # Send the script's source, once, in the same order (also when nobody waits any more).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
