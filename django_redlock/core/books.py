@@ -124,6 +124,11 @@ def plain_extension(command: Command) -> Command | None:
     command."""
     if command[0] != "EVAL" or command[1] != EXTEND.source or command[-3] != "1":
         return None
+    return _setting_nothing(command)
+
+
+def _setting_nothing(command: Command) -> Command:
+    """An EXTEND call with its ARGV[3] cleared: it extends keys that hold the value, sets none again."""
     return (*command[:-3], "", *command[-2:])
 
 
@@ -476,7 +481,7 @@ class NodeBooks(Generic[C]):
         Its data set is checked by the script, as a vote's (see :meth:`guarded`)."""
         if command[-3] != "1" or self.refusal(conn, window, now) is None:
             return command
-        return (*command[:-3], "", *command[-2:])
+        return _setting_nothing(command)
 
     def vote(self, conn: C, window: float, now: float) -> Failure | None:
         """A failure for a vote that must not count under the delayed-restart rule, else None."""

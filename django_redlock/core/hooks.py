@@ -76,8 +76,8 @@ class Hooks:
         """A lock's ttl was extended on a quorum."""
 
     def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
-        """An extension set the lock's key again on these nodes (by name): each had lost it (a restart,
-        an expiry while it was stopped) and may vote again. Runs before the extension is judged."""
+        """An extension that held set the lock's key again on these nodes (by name): each had lost it
+        (a restart, an expiry while it was stopped) and may vote again. Runs before ``extension_finished``."""
 
     def lost(self, lock: LockBase, reason: str) -> None:
         """A held lock was found expired or taken over."""

@@ -71,8 +71,9 @@ class _Instruments:
         )
         self.recreated = meter.create_counter(
             "redlock.keys.recreated",
-            unit="{key}",
-            description="Lock keys an extension set again on a node that had lost them (a restart, an expiry while stopped).",
+            unit="{extension}",
+            description="Times an extension set a lock's keys again on a node that had lost them "
+            "(a restart, an expiry while stopped).",
         )
         self.hold = _histogram(meter, "redlock.hold.duration", "Time from acquiring a lock to releasing it.", HOLD_BUCKETS)
         self.node_round_trip = _histogram(

@@ -98,7 +98,8 @@ class _Metrics:
         )
         self.recreated = Counter(
             "django_redlock_keys_recreated",
-            "Lock keys an extension set again on a node that had lost them (a restart, an expiry while stopped).",
+            "Times an extension set a lock's keys again on a node that had lost them "
+            "(a restart, an expiry while stopped).",
             ["node"],
             registry=registry,
         )
