@@ -99,6 +99,23 @@ def test_a_key_expired_while_its_node_was_paused_comes_back(servers, engine):
     lock.release()
 
 
+def test_a_key_that_expired_while_its_node_was_stopped_comes_back(servers, engine):
+    """SIGSTOP longer than the ttl: on SIGCONT the node drops the key; the node never restarted, so it
+    votes at once and the next extension puts the key back."""
+    nodes = servers[:3]
+    mgr = engine.manager(old_nodes(nodes, WINDOW), ttl=TTL, max_ttl=TTL, restart_window=WINDOW)
+    lock = mgr.acquire("stopped", auto_extend=True)
+    ours = lock.value.encode()
+    with nodes[1].paused_for_block():
+        extended_twice(lock)
+        extended_twice(lock)  # more than a ttl: the key there has expired
+    eventually(lambda: value_on(nodes[1], "stopped") == ours, seconds=3 * TTL)
+    nodes[2].kill()
+    extended_twice(lock)
+    assert not lock.lost and lock.owned()
+    lock.release()
+
+
 def test_a_key_another_holder_took_is_never_overwritten(servers, engine):
     nodes = servers[:3]
     mgr = engine.manager([s.url for s in nodes], ttl=TTL, max_ttl=TTL, restart_window=0)
