@@ -52,6 +52,10 @@ class SignalHooks(Hooks):
         logger.debug("Extended lock %r by %.1f s (holder digest %s)", lock.resource, lock.ttl, lock.holder.digest)
         signals.lock_extended.send(sender=self.sender, lock=lock)
 
+    def recreated(self, lock: Any, nodes: Any) -> None:
+        logger.info("Lock %r: its key was set again on %s (lost there, a restart or an expiry)", lock.resource,
+                    ", ".join(nodes))
+
     def lost(self, lock: Any, reason: str) -> None:
         signals.lock_lost.send(sender=self.sender, lock=lock, reason=reason)
 

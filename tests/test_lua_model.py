@@ -99,8 +99,9 @@ def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
         elif kind == "release":
             keep = rng.choice((None, None, (rng.randint(1, 4), life)))
             yield CONFIG.release_command(resources, value, rng.choice((place, "")), keep)
-        elif kind == "extend":
-            yield extend_command(locks, value, ttl / 1000)
+        elif kind == "extend":  # re-creating a lost key, or not; behind a data-set check
+            command = extend_command(locks, value, ttl / 1000, CONFIG.dataset_key, rng.random() < 0.6)
+            yield (*command[:-1], guard[1])
         elif kind == "fence":
             fences = [CONFIG.fence_key(r) for r in resources]
             if rng.random() < 0.5:

@@ -128,7 +128,7 @@ SEEDS_FOR = {"quorum N//2": 5, "drift ignored": 5, "acquire ignores the line": 5
              "automatic extensions counted": 3, "reentrancy keyed on the thread": 5,
              "loss at the hold's exit swallowed": 5, "watchdog extends after the release": 5,
              "reentrancy keyed on the thread (asyncio)": 5, "loss at the hold's exit swallowed (asyncio)": 5,
-             "keep-alive task extends after the release": 5}
+             "keep-alive task extends after the release": 10}
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

@@ -330,10 +330,11 @@ def test_scripts_evalsha_noscript_until_eval_and_after_restart():
     reply = n.execute(("EVALSHA", RELEASE.sha, *release_args("other")))
     assert isinstance(reply, NoScriptError) and str(reply).startswith("NOSCRIPT")
     assert n.execute(("EVAL", RELEASE.source, *release_args("other"))) == 0
-    assert isinstance(n.execute(("EVALSHA", EXTEND.sha, 1, KEY, "v", 5000)), NoScriptError)
-    assert n.execute(("EVAL", EXTEND.source, 1, KEY, "v", 5000)) == 1
+    guard = ("", CONFIG.dataset_key, "")
+    assert isinstance(n.execute(("EVALSHA", EXTEND.sha, 1, KEY, "v", 5000, *guard)), NoScriptError)
+    assert n.execute(("EVAL", EXTEND.source, 1, KEY, "v", 5000, *guard)) == 1
     assert n.execute(("PTTL", KEY)) == 5000
-    assert n.execute(("EVAL", EXTEND.source, 1, KEY, "nope", 9000)) == 0
+    assert n.execute(("EVAL", EXTEND.source, 1, KEY, "nope", 9000, "1", CONFIG.dataset_key, "")) == 0
     assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 1
     assert n.execute(("EVALSHA", RELEASE.sha, *release_args("v"))) == 0
     assert isinstance(n.execute(("EVALSHA", RELEASE.sha, 1, KEY, "v")), ResponseError)  # 3 keys expected

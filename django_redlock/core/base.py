@@ -24,6 +24,7 @@ from django_redlock.core.scripts import (
     INSPECT,
     NO_PLACE,
     NOT_FIRST,
+    RECREATED,
     VOTE,
     Script,
     script_command,
@@ -299,20 +300,46 @@ def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quoru
         raise lost_error(lock.resource, reason)
 
 
-def extend_command(keys: Sequence[str], value: str, ttl: float) -> tuple[Any, ...]:
-    """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``."""
-    return script_command(EXTEND, keys, (value, ms(ttl)))
+def extend_command(keys: Sequence[str], value: str, ttl: float, mark: str, recreate: bool = False) -> tuple[Any, ...]:
+    """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``; with ``recreate``,
+    a key the node lost is set again where the node may vote (``mark``: the data-set marker key)."""
+    return script_command(EXTEND, keys, (value, ms(ttl), "1" if recreate else "", mark, ""))
 
 
 def extended(reply: Any) -> bool:
-    """An EXTEND reply that says the node now keeps the key for the new ttl."""
-    return type(reply) is int and reply == 1
+    """An EXTEND reply that says the node now keeps the key for the new ttl (extended or re-created)."""
+    return type(reply) is int and (reply == 1 or reply == RECREATED)
+
+
+def recreated(reply: Any) -> bool:
+    """An EXTEND reply that says the node had lost a key and now holds it again."""
+    return type(reply) is int and reply == RECREATED
+
+
+def key_gone(reply: Any) -> bool:
+    """An EXTEND reply from a node that no longer stored the holder's value (it refused, or re-created the key)."""
+    return not isinstance(reply, Failure) and (reply == 0 or recreated(reply))
 
 
 def extension_held(results: Sequence[Any], quorum: int, finished: float, old_deadline: float) -> bool:
-    """An EXTEND fan-out holds when a quorum extended and the lock was still valid once the last reply
-    needed was read (``finished``); the new validity then counts from before its write."""
-    return count(results, extended) >= quorum and finished < old_deadline
+    """An EXTEND fan-out holds when a quorum extended (or re-created) the keys, the nodes that had lost
+    them leave a quorum that had not (a lock gone from a majority was released or taken: it is never
+    brought back), and the lock was still valid once the last reply needed was read (``finished``);
+    the new validity then counts from before its write."""
+    gone = count(results, key_gone)
+    return count(results, extended) >= quorum and gone <= len(results) - quorum and finished < old_deadline
+
+
+def extension_settled(quorum: int, total: int) -> Any:
+    """A ``done`` test for an EXTEND fan-out: stop once :func:`extension_held` is sure either way."""
+
+    def done(results: list[Any]) -> bool:
+        waiting = results.count(None)
+        good = count(results, extended)
+        gone = count(results, key_gone)
+        return (good >= quorum and gone + waiting <= total - quorum) or good + waiting < quorum or gone > total - quorum
+
+    return done
 
 
 def extension_limit_error(lock: LockBase, limit: int) -> LockError:
@@ -494,7 +521,7 @@ class Attempts:
         fresh = self.ttl - self.config.drift(self.ttl)
         if self.granted_ttl >= self.ttl and fresh - self.validity <= TOP_UP * self.ttl:
             return None
-        command = extend_command(self.keys, self.value, self.ttl)
+        command = extend_command(self.keys, self.value, self.ttl, self.config.dataset_key)
         return command, max(0.001, min(self.config.node_timeout, self.validity))
 
     def topped_up(self, results: Sequence[Any], started: float, quorum: int, now: float) -> None:

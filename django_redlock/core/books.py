@@ -24,7 +24,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from django_redlock.core import ledger
 from django_redlock.core.entries import MARK
 from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, Waiter
-from django_redlock.core.scripts import DATASET
+from django_redlock.core.scripts import DATASET, EXTEND
 
 __all__ = [
     "COOL_OFF",
@@ -120,6 +120,20 @@ class ConnState:
 
 
 C = TypeVar("C", bound=ConnState)
+
+
+def plain_extension(command: Command) -> Command | None:
+    """An EXTEND's ``EVAL`` that may set a lost key again (booked as a vote) as one that may not, to
+    send late (nobody waits for it; a release of its value may already have run): None for any other
+    command."""
+    if command[0] != "EVAL" or command[1] != EXTEND.source or command[-3] != "1":
+        return None
+    return _setting_nothing(command)
+
+
+def _setting_nothing(command: Command) -> Command:
+    """An EXTEND call with its ARGV[3] cleared: it extends keys that hold the value, sets none again."""
+    return (*command[:-3], "", *command[-2:])
 
 
 def quiet_for(block: tuple[tuple[str, ...], float]) -> float:
@@ -389,7 +403,12 @@ class NodeBooks(Generic[C]):
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
             if entry.waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
-                return entry, None
+                plain = plain_extension(entry.retry)
+                if plain is None:
+                    return entry, None
+                again = Entry(ledger.EXTEND, entry.key, entry.value)  # a vote is never sent late
+                conn.expect.append(again)
+                return again, plain
             # Send the script's source, once, in the same order (also when nobody waits any more).
             again = ledger.after_noscript(entry)
             conn.expect.append(again)
@@ -456,11 +475,24 @@ class NodeBooks(Generic[C]):
             logger.warning("Node %s: %s.", self.name, ledger.REPLACED_DATASET)
         self.dataset, self.dataset_run = token, run or self.dataset_run
 
-    def vote(self, conn: C, window: float, now: float) -> Failure | None:
-        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+    def refusal(self, conn: C, window: float, now: float) -> str | None:
+        """Why a vote on ``conn`` would not count now under the delayed-restart rule, or None."""
         if window <= 0:
             return None
-        reason = ledger.vote_refusal(conn.restart, window, now, self.history.moved_at, self.fsync_always)
+        return ledger.vote_refusal(conn.restart, window, now, self.history.moved_at, self.fsync_always)
+
+    def recreating(self, conn: C, command: Command, window: float, now: float) -> Command:
+        """An EXTEND ``command`` as ``conn`` may carry it: a re-created key is a fresh vote for the same
+        value, so it may re-create a key this node lost only where a vote written now would count
+        (the node's restart state known, and no window to sit out); elsewhere its ARGV[3] is cleared.
+        Its data set is checked by the script, as a vote's (see :meth:`guarded`)."""
+        if command[-3] != "1" or self.refusal(conn, window, now) is None:
+            return command
+        return _setting_nothing(command)
+
+    def vote(self, conn: C, window: float, now: float) -> Failure | None:
+        """A failure for a vote that must not count under the delayed-restart rule, else None."""
+        reason = self.refusal(conn, window, now)
         if reason is None:
             return None
         restart = conn.restart

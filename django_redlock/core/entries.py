@@ -120,12 +120,13 @@ class Entry:
 
 
 def pair_of(command: Sequence[Any]) -> tuple[str, str]:
-    """(lock key, holder value) of an ACQUIRE or RELEASE script call: KEYS[1] and ARGV[1]."""
+    """(lock key, holder value) of an ACQUIRE, RELEASE or EXTEND script call: KEYS[1] and ARGV[1]."""
     return command[3], command[3 + command[2]]
 
 
 def entry_for(command: Sequence[Any], kind: Kind, waiter: Waiter | None, retry: tuple[Any, ...] | None = None) -> Entry:
-    """The entry for a fan-out's own command: votes (SET) and releases are booked, the rest not."""
+    """The entry for a fan-out's own command: votes (SET, and an EXTEND that may re-create a key) and
+    releases are booked, the rest not."""
     if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
         return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
     if kind == SET:  # ACQUIRE: KEYS in threes (lock, queue, places); ARGV value, ttl ms, ...
@@ -134,6 +135,11 @@ def entry_for(command: Sequence[Any], kind: Kind, waiter: Waiter | None, retry: 
     if kind == RELEASE:
         key, value = pair_of(command)
         return Entry(RELEASE, key, value, waiter=waiter, retry=retry)
+    if kind == EXTEND:  # KEYS the lock keys; ARGV value, ttl ms, re-create ('1'), ...
+        key, value = pair_of(command)  # a release of the value goes behind it on its connection
+        if command[5 + command[2]] == "1":  # it may set a key again: booked as a vote
+            return Entry(SET, key, value, command[4 + command[2]] / 1000.0, waiter, retry)
+        return Entry(EXTEND, key, value, waiter=waiter, retry=retry)
     return Entry(kind, waiter=waiter, retry=retry)
 
 

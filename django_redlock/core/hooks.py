@@ -75,6 +75,10 @@ class Hooks:
     def extended(self, lock: LockBase) -> None:
         """A lock's ttl was extended on a quorum."""
 
+    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+        """An extension that held set the lock's key again on these nodes (by name): each had lost it
+        (a restart, an expiry while it was stopped) and may vote again. Runs before ``extension_finished``."""
+
     def lost(self, lock: LockBase, reason: str) -> None:
         """A held lock was found expired or taken over."""
 
@@ -121,6 +125,9 @@ class CombinedHooks(Hooks):
 
     def extended(self, lock: LockBase) -> None:
         self._each("extended", lock)
+
+    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+        self._each("recreated", lock, nodes)
 
     def lost(self, lock: LockBase, reason: str) -> None:
         self._each("lost", lock, reason)

@@ -251,10 +251,15 @@ class LockBase:
             self._counted_extensions += int(counted)
             base.call_hook(manager.config.hooks, "extended", self)
             return
-        refused = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
+        gone = base.count(results, base.key_gone)
         detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", base.extended).items())
-        if self._gone_from_quorum(refused) or self.validity <= 0:
-            if extended >= quorum:
+        if self._gone_from_quorum(gone) or self.validity <= 0:
+            if self._gone_from_quorum(gone) and extended >= quorum:  # set again where lost: not kept
+                reason = (
+                    f"{gone} of {total} nodes no longer stored this holder's value "
+                    "(force-released, expired early or taken over)"
+                )
+            elif extended >= quorum:
                 reason = f"its validity ran out before the extension's replies were in ({extended} of {total} agreed)"
             else:
                 reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"

@@ -102,7 +102,8 @@ class Round(Generic[C]):
     ``done(results)`` says when the outcome is certain (results still pending
     are None); then the replies already there are read and the rest is left to
     the books. With ``restart_window``, replies are votes and the
-    delayed-restart rule applies. With ``owe=(key, value, ttl)``, every node
+    delayed-restart rule applies (an extension's are not: the rule decides
+    where it may re-create a key, see ``NodeBooks.recreating``). With ``owe=(key, value, ttl)``, every node
     owes the release of that value first (see :class:`~django_redlock.core.ledger.Ledger`).
     """
 
@@ -142,6 +143,7 @@ class Round(Generic[C]):
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging
         self.window = restart_window
+        self.vote_window = vote_window(script, restart_window)
         self.timings = timings
         self.results: list[Any] = [None] * len(books)
         self.waiting: dict[Entry, tuple[int, C]] = {}  # our entry -> (node index, connection)
@@ -213,6 +215,8 @@ class Round(Generic[C]):
         retry = None
         if script in GUARDED and self.window > 0:
             command = self.books[i].guarded(command)
+        if script is EXTEND:
+            command = self.books[i].recreating(conn, command, self.window, now)
         if script is not None and command[0] == "EVALSHA":
             retry = self._sources.get(command)
             if retry is None:
@@ -297,7 +301,7 @@ class Round(Generic[C]):
             self.results[i] = reply
         elif isinstance(reply, Exception) and not several:
             # A vote refused for another data set than the one it was sent for: the node sits out.
-            replaced = self.window > 0 and ledger.replaced_token(reply) is not None
+            replaced = self.vote_window > 0 and ledger.replaced_token(reply) is not None
             self.results[i] = (replaced and book.vote(conn, self.window, now)) or Failure(
                 describe_error(reply), answered=True
             )
@@ -310,7 +314,7 @@ class Round(Generic[C]):
                 reply = Granted(reply, min(conn.waited, now - self.sent_at))
             if several:  # the earlier replies came first (a round that ended early may have left some)
                 reply, conn.parts = [*conn.parts[-several:], reply], []
-            self.results[i] = (self.window > 0 and book.vote(conn, self.window, now)) or reply
+            self.results[i] = (self.vote_window > 0 and book.vote(conn, self.window, now)) or reply
         self.changed = True
         if self.on_reply is not None:
             self.on_reply()
@@ -360,6 +364,13 @@ class Round(Generic[C]):
             left.append((i, conn))
         self.waiting = {}
         return left
+
+
+def vote_window(script: Script | None, window: float) -> float:
+    """The restart window a round's replies are judged under as votes: an extension's are not (a key
+    it found counts wherever; it re-creates one only where a vote would count, see
+    :meth:`NodeBooks.recreating`)."""
+    return 0.0 if script is EXTEND else window
 
 
 def describe_error(exc: BaseException) -> str:

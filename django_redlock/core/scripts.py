@@ -42,10 +42,14 @@ _NEW_TOKEN = "string.sub(redis.sha1hex({seed}), 1, 16)"
 #: The error a vote refused by _GUARD begins with; the data set's token follows.
 REPLACED = "DATASET"
 
-_GUARD = f"""
+# _GUARD in two halves: _GUARD_ARGS takes its two ARGV off; _GUARD_CHECK refuses (EXTEND checks only
+# where it re-creates a key).
+_GUARD_ARGS = """
 local mark, known = ARGV[#ARGV - 1], ARGV[#ARGV]
 ARGV[#ARGV] = nil
 ARGV[#ARGV] = nil
+"""
+_GUARD_CHECK = f"""
 if known ~= '' then
     local found = redis.call('get', mark)
     if found ~= known then
@@ -57,6 +61,7 @@ if known ~= '' then
     end
 end
 """
+_GUARD = _GUARD_ARGS + _GUARD_CHECK
 
 # KEYS[1] the marker key; ARGV[1] a seed unique to this node and probe. Reply the token of this
 # node's data set, created if there is none. Sent with the restart probe of each new connection.
@@ -230,16 +235,39 @@ return released
 """,
 )
 
-# KEYS the lock keys (one per resource); ARGV[1] holder value; ARGV[2] new ttl in milliseconds.
+#: Reply of EXTEND when it re-created a key this node had lost (and extended the others).
+RECREATED = 2
+
+# KEYS the lock keys (one per resource); ARGV[1] holder value, ARGV[2] new ttl in milliseconds,
+# ARGV[3] '1' to re-create a key this node lost ('' not to), then _GUARD's two.
 # Only if every key still holds our value, make each live at least ARGV[2] more ms: never
-# shorter than it already does (another handle on the same value may count on that);
-# an expired key is not recreated. Replies 1 (extended) or 0.
+# shorter than it already does (another handle on the same value may count on that); reply 1.
+# Keys that are missing (the node restarted, or they expired) are re-created with SET NX (our
+# value, the new ttl) only when ARGV[3] is '1' (the node may vote: see NodeBooks.recreating) and
+# the data set is the one the caller knows (_GUARD_CHECK, as for a vote); reply RECREATED. A key
+# another value holds, or a missing one not re-created: nothing changes, reply 0.
 EXTEND = Script(
     "extend",
-    """
+    _GUARD_ARGS
+    + """
+local missing = false
 for i = 1, #KEYS do
-    if redis.call('get', KEYS[i]) ~= ARGV[1] then
+    local found = redis.call('get', KEYS[i])
+    if not found then
+        missing = true
+    elseif found ~= ARGV[1] then
         return 0
+    end
+end
+if missing then
+    if ARGV[3] ~= '1' then
+        return 0
+    end
+"""
+    + _GUARD_CHECK
+    + f"""
+    for i = 1, #KEYS do
+        redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2])
     end
 end
 local ttl = tonumber(ARGV[2])
@@ -247,6 +275,9 @@ for i = 1, #KEYS do
     if redis.call('pttl', KEYS[i]) < ttl then
         redis.call('pexpire', KEYS[i], ttl)
     end
+end
+if missing then
+    return {RECREATED}
 end
 return 1
 """,
@@ -379,4 +410,4 @@ return {cursor, n, table.concat(names, '\\0'), table.concat(values, '\\0'), tabl
 
 
 #: The scripts whose last two ARGV are _GUARD's: each node's books fill in its data-set token.
-GUARDED = frozenset((VOTE, ACQUIRE, FENCE_READ, FENCE_RAISE))
+GUARDED = frozenset((VOTE, ACQUIRE, FENCE_READ, FENCE_RAISE, EXTEND))

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_redlock.core import base
+from django_redlock.core import base, rounds
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.resp import pack_each
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, FENCE_READ, INSPECT, RELEASE, Script, script_command
@@ -100,6 +100,11 @@ class Fan:
         #: Each command encoded, before any node is asked: one that cannot be raises here, the
         #: caller's error, never a node's (the drivers take the bytes from it).
         self.packed = pack_each(commands)
+
+    @property
+    def vote_window(self) -> float:
+        """The restart window its replies are judged under as votes (see :func:`rounds.vote_window`)."""
+        return rounds.vote_window(self.script, self.restart_window)
 
     def options(self) -> dict[str, Any]:
         return {
@@ -299,20 +304,31 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
     started = yield NOW
-    command = base.extend_command(lock.keys, lock.value, new_ttl)
+    config = lock.manager.config
+    # A node that lost the key (a restart, an expiry while it was stopped) gets it back where a vote
+    # would count: the rule's window probes each new connection, as a vote's does.
+    command = base.extend_command(lock.keys, lock.value, new_ttl, config.dataset_key, recreate=True)
     results = yield Fan(
         [command] * total,
         timeout=lock._extend_timeout(),
-        done=base.until_outcome(quorum, total, base.extended),
+        done=base.extension_settled(quorum, total),
         script=EXTEND,
         allow_lagging=False,
+        restart_window=config.restart_window,
     )
-    hooks = lock.manager.config.hooks
+    hooks = config.hooks
+    healed = [base.recreated(reply) for reply in results]
     try:
         lock._judge_extend(results, started, old_deadline, new_ttl, counted)
     except Exception:
         base.call_hook(hooks, "extension_finished", lock, automatic, False)
+        if any(healed) and lock.lost:  # gone from a majority: what it set again goes too
+            yield Background(release_fan(config, total, lock.resources, lock.value, new_ttl, only=healed))
         raise
+    if any(healed):
+        nodes = lock.manager.node_list
+        names = [node if isinstance(node, str) else node.name for node, again in zip(nodes, healed) if again]
+        base.call_hook(hooks, "recreated", lock, names)
     base.call_hook(hooks, "extension_finished", lock, automatic, True)
 
 

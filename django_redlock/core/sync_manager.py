@@ -169,7 +169,7 @@ class ManagerBase:
         """A fan-out's ``results``, told to the ``nodes_seen`` hook when one watches the nodes."""
         config = self.config
         if config.watches_nodes:
-            seen = status.seen_of(self.nodes, results, fan.timings, fan.restart_window, config.restart_window > 0)
+            seen = status.seen_of(self.nodes, results, fan.timings, fan.vote_window, config.restart_window > 0)
             base.call_hook(config.hooks, "nodes_seen", seen)
         return results
 

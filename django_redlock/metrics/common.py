@@ -125,6 +125,10 @@ class MetricsHooks(Hooks):
         kind = "automatic" if automatic else "manual"
         self.record_extension(self.group_of(lock.resource), kind, "extended" if extended else "failed")
 
+    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+        for node in nodes:
+            self.record_recreated(node)
+
     def nodes_seen(self, seen: Sequence[NodeSeen]) -> None:
         for node in seen:
             self.record_node(node)
@@ -144,4 +148,7 @@ class MetricsHooks(Hooks):
         raise NotImplementedError
 
     def record_node(self, node: NodeSeen) -> None:
+        raise NotImplementedError
+
+    def record_recreated(self, node: str) -> None:
         raise NotImplementedError

@@ -69,6 +69,12 @@ class _Instruments:
         self.lost = meter.create_counter(
             "redlock.lost", unit="{lock}", description="Held locks found expired or taken over."
         )
+        self.recreated = meter.create_counter(
+            "redlock.keys.recreated",
+            unit="{extension}",
+            description="Times an extension set a lock's keys again on a node that had lost them "
+            "(a restart, an expiry while stopped).",
+        )
         self.hold = _histogram(meter, "redlock.hold.duration", "Time from acquiring a lock to releasing it.", HOLD_BUCKETS)
         self.node_round_trip = _histogram(
             meter,
@@ -181,3 +187,6 @@ class OpenTelemetryHooks(MetricsHooks):
 
     def record_node(self, node: NodeSeen) -> None:
         self.instruments.node(node)
+
+    def record_recreated(self, node: str) -> None:
+        self.instruments.recreated.add(1, {NODE: node})

@@ -96,6 +96,13 @@ class _Metrics:
             buckets=NODE_BUCKETS,
             registry=registry,
         )
+        self.recreated = Counter(
+            "django_redlock_keys_recreated",
+            "Times an extension set a lock's keys again on a node that had lost them "
+            "(a restart, an expiry while stopped).",
+            ["node"],
+            registry=registry,
+        )
         self.held_locks = Gauge(
             "django_redlock_held_locks",
             "Locks this process acquired and has not released yet.",
@@ -187,3 +194,6 @@ class PrometheusHooks(MetricsHooks):
             m.node_sitting_out.labels(node=node.name).set(1 if node.sitting_out else 0)
         if node.seconds is not None:
             m.node_round_trip.labels(node=node.name).observe(node.seconds)
+
+    def record_recreated(self, node: str) -> None:
+        self.metrics.recreated.labels(node=node).inc()

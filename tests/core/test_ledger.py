@@ -125,3 +125,43 @@ def test_a_payment_that_deleted_the_key_while_its_round_runs_makes_the_rounds_0_
     assert books.released(release("v2"), 0) == 0
     owing.over = True
     assert books.due(0.3, retry_after=1.0) == [] and not books.debts  # nothing left to pay
+
+
+# -- an extension that may set a lost key again is booked as a vote ----------------------------
+
+
+def _extension(recreate: bool) -> tuple:
+    from django_redlock.core.base import extend_command
+    from django_redlock.core.scripts import EXTEND
+
+    command = extend_command(("redlock:lock:r",), VALUE, 2.0, "redlock:dataset", recreate)
+    return ("EVAL", EXTEND.source, *command[2:])
+
+
+def test_an_extension_that_may_set_a_key_again_is_booked_as_a_vote() -> None:
+    recreating = ledger.entry_for(_extension(True), ledger.EXTEND, None)
+    plain = ledger.entry_for(_extension(False), ledger.EXTEND, None)
+    assert (recreating.kind, recreating.key, recreating.value, recreating.ttl) == (SET, "redlock:lock:r", VALUE, 2.0)
+    assert (plain.kind, plain.key, plain.value) == (ledger.EXTEND, "redlock:lock:r", VALUE)
+
+
+def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() -> None:
+    from redis.exceptions import NoScriptError
+
+    from django_redlock.core.books import ConnState, NodeBooks
+
+    books: NodeBooks = NodeBooks("n", 0.05)
+    conn = ConnState()
+    command = _extension(True)
+    entry = ledger.entry_for(command, ledger.EXTEND, None, retry=command)
+    books.prepare(conn, entry, 0.0, 0.0)
+    assert books.ledger.unanswered == {("redlock:lock:r", VALUE): 1}
+    again, resend = books.read(conn, NoScriptError("NOSCRIPT"), 0.01)  # nobody waits any more
+    assert books.ledger.unanswered == {}
+    assert again.kind == ledger.EXTEND and resend is not None
+    assert resend[:-3] == command[:-3] and resend[-3] == "" and resend[-2:] == command[-2:]
+    assert books.read(conn, 1, 0.015) == (again, None)  # the plain extension's reply
+    # A vote (or another script) answered NOSCRIPT late is not sent again.
+    vote = Entry(SET, "k", VALUE, 1.0, retry=("EVAL", "return 1", 0))
+    books.prepare(conn, vote, 0.0, 0.0)
+    assert books.read(conn, NoScriptError("NOSCRIPT"), 0.02) == (vote, None)

@@ -698,3 +698,6 @@ def run_case(name: str, seed: int = 0) -> str | None:
     except Violation as exc:
         return str(exc)
     return None
+
+
+from . import cases_keepalive  # noqa: E402,F401 - registers its cases in CASES

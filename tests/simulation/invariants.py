@@ -597,13 +597,15 @@ class Checker:
         """Does ``node`` keep ``value`` at ``key`` for ``validity_true`` more true seconds, and what it has."""
         found = node.peek(key)
         down = ""
-        lost = node.peek_lost(key, self.ttl) if found is None or found[0] != value else None
+        lost = node.peek_lost(key, self.ttl)
         if found is None or (lost is not None and lost[0] == value):
             # A node down since a crash that lost the key votes for no one while down,
             # nor while it sits out after its restart (up for less than the ttl), even
             # if another caller's vote set the key there meanwhile: it keeps the lock as
             # well as if it still held the key (a restart that votes too early is caught
-            # by (a), not here).
+            # by (a), not here). A key of the same value set there again meanwhile (an
+            # extension) counts no longer than the lost one: the node takes part in no
+            # lock that was active when it crashed until it has sat out.
             found = lost
             down = " (lost in a crash; down or sitting out)"
         if found is None:

@@ -267,6 +267,26 @@ def extend_checks_the_first_member() -> Any:
     return _patch(SimNode, "_extend", extend)
 
 
+def extension_recreates_over_another_holder() -> Any:
+    """EXTEND sets a key that does not hold its value with a plain SET (no NX): another holder's too."""
+    real = SimNode._extend
+
+    def extend(self: Any, keys: list[bytes], argv: list[bytes]) -> int:
+        if argv[2] == b"1":
+            for key in keys:
+                entry = self._live(key)
+                if entry is not None and entry[0] != argv[0]:
+                    self._set([key, argv[0], "PX", argv[1]])
+        return int(real(self, keys, argv))
+
+    return _patch(SimNode, "_extend", extend)
+
+
+def extension_recreates_while_sitting_out() -> Any:
+    """An extension may set a lost key again on any node, one still sitting out under the delayed-restart rule too."""
+    return _patch(rounds.NodeBooks, "recreating", lambda self, conn, command, window, now: command)
+
+
 def fence_from_the_first_member() -> Any:
     """The fencing read of a lock on several resources (MGET) counts the first member's counter only."""
     real = base.fence_value
@@ -430,6 +450,9 @@ MUTANTS: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     ),
     # Needs a member's key gone under a live lock: an operator's force release (a scripted case).
     "extend checks the first member": (extend_checks_the_first_member, {}),
+    # Need a node that restarted under a kept-alive lock, or an extension that lands late: scripted cases.
+    "extension re-creates on a node sitting out": (extension_recreates_while_sitting_out, {}),
+    "extension re-creates over another holder's key": (extension_recreates_over_another_holder, {}),
     # Wall clocks disagree by more than a fencing round: a token floored at a slow wall clock is low.
     "fencing token from the first member's counter": (fence_from_the_first_member, {"wall_skew": 0.45}),
     # The simulated clients allow two extensions; a watchdog's long hold needs three.

@@ -51,6 +51,7 @@ from django_redlock.core.scripts import (
     FENCE_RAISE,
     FENCE_READ,
     INSPECT,
+    RECREATED,
     RELEASE,
     REPLACED,
     VOTE,
@@ -801,8 +802,12 @@ class SimNode:
 
     def _guard(self, argv: list[bytes]) -> list[bytes]:
         """The vote scripts' data-set check (``scripts._GUARD``): takes its two ARGV off the end."""
-        mark, known = argv[-2], argv[-1]
-        argv = argv[:-2]
+        argv, (mark, known) = argv[:-2], argv[-2:]
+        self._check_guard(argv, mark, known)
+        return argv
+
+    def _check_guard(self, argv: list[bytes], mark: bytes, known: bytes) -> None:
+        """``scripts._GUARD_CHECK``: raises the refusal when the data set is not the one ``known``."""
         if known:
             found = self._get([mark])
             if found != known:
@@ -810,7 +815,6 @@ class SimNode:
                     found = dataset_token((argv[0] if argv else b"") + known)
                     self._set([mark, found])
                 raise _Error(f"{REPLACED} {_s(found)}")
-        return argv
 
     def _dataset(self, keys: list[bytes], argv: list[bytes]) -> bytes:
         found = self._get([keys[0]])
@@ -893,14 +897,20 @@ class SimNode:
             self._pexpire([wake, wake_life])
 
     def _extend(self, keys: list[bytes], argv: list[bytes]) -> int:
-        for key in keys:
-            entry = self._live(key)
-            if entry is None or entry[0] != argv[0]:
+        argv, (mark, known) = argv[:-2], argv[-2:]
+        missing = [key for key in keys if self._live(key) is None]
+        if any(entry is not None and entry[0] != argv[0] for entry in map(self._live, keys)):
+            return 0
+        if missing:
+            if argv[2] != b"1":
                 return 0
+            self._check_guard(argv, mark, known)
+            for key in missing:
+                self._set([key, argv[0], "NX", "PX", argv[1]])
         for key in keys:
             if self._pttl([key]) < _int(argv[1]):  # never shorter than it already lives
                 self._pexpire([key, argv[1]])
-        return 1
+        return RECREATED if missing else 1
 
     def _fence_raise(self, keys: list[bytes], argv: list[bytes]) -> int:
         wanted = _lua_number(argv[0])
