@@ -29,8 +29,10 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core import forks, ledger
+from django_redlock.core import forks, ledger, redis_internals
 from django_redlock.core.records import printable
+
+redis_internals.check()  # both drivers build on this module: an unusable redis-py fails here, named
 
 __all__ = [
     "ENCODE_HINT",
