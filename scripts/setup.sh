@@ -6,7 +6,7 @@
 # otherwise says exactly what is missing.
 set -eu
 
-GROUPS="${1:-test}"
+DEP_GROUPS="${1:-test}"
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 WANT_BROWSER="${WANT_BROWSER:-0}"
@@ -58,9 +58,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "Creating virtualenv $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-STAMP="$VENV/.installed-$GROUPS"
+STAMP="$VENV/.installed-$DEP_GROUPS"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-    echo "Installing django-redlock with the groups $GROUPS into $VENV"
+    echo "Installing django-redlock with the groups $DEP_GROUPS into $VENV"
     if ! "$VENV/bin/python" -m pip install -q "pip>=25.1" >/dev/null 2>&1 \
         && ! "$VENV/bin/python" -m pip install --help 2>/dev/null | grep -q -- "--group"; then
         echo "error: $VENV's pip cannot install dependency groups (pip 25.1 or newer needed) and upgrading it failed:" >&2
@@ -68,7 +68,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
         exit 1
     fi
     set -- -e .
-    for group in $(echo "$GROUPS" | tr ',' ' '); do
+    for group in $(echo "$DEP_GROUPS" | tr ',' ' '); do
         set -- "$@" --group "$group"
     done
     "$VENV/bin/python" -m pip install -q "$@"
