@@ -8,7 +8,7 @@
 set -eu
 
 # Keep these in step with `dependencies` in pyproject.toml.
-REDIS_OLDEST="redis==5.0.0"
+REDIS_OLDEST="redis==6.4.0"
 REDIS_NEWEST="redis>=8.1,<8.2"
 
 find_python() {

@@ -69,8 +69,8 @@ def _handshake_off(connection_class: type) -> dict[str, Any]:
     elif "lib_name" in params:
         off.update(lib_name=None, lib_version=None)
     if "maint_notifications_config" in params:
-        try:
-            from redis.maint_notifications import MaintNotificationsConfig
+        try:  # redis-py 7+ (older ones have no such module, nor the parameter)
+            from redis.maint_notifications import MaintNotificationsConfig  # type: ignore[import-not-found,unused-ignore]
 
             off["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
         except ImportError:  # pragma: no cover

@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 __all__ = ["NEWEST", "OLDEST", "REQUIRED", "UnsupportedRedisPy", "check", "missing"]
 
 #: The oldest redis-py the suite runs on (``make test-matrix``), and the newest minor version.
-OLDEST = "5.0.0"
+OLDEST = "6.4.0"
 NEWEST = "8.1"
 
 #: (class, attribute, what the engine does with it), looked up on an unconnected instance: the
