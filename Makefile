@@ -17,7 +17,7 @@ test-fast:  ## the suite without the browser and torture tests
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@$(PY) -m pytest -m "not browser and not torture" $(PYTEST_ARGS)
 
-test-matrix:  ## the suite on Python 3.12 + Django 6 and Python 3.10 + Django 4.2, when installed
+test-matrix:  ## the suite on Python 3.13 + Django 6.1 + newest redis-py and 3.12 + Django 6.0 + oldest, when installed
 	@VENV=$(VENV) sh scripts/setup.sh test
 	@sh scripts/matrix.sh
 

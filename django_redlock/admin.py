@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin import options as admin_options
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
@@ -50,6 +51,8 @@ STATES = ("held", "minority", "split", "unknown")
 #: The auto-refresh intervals offered (the ``refresh`` parameter, seconds); off when absent.
 REFRESH_SECONDS = (5, 10, 30)
 ACTION = "force_release_selected"
+#: Django 6.1's ``ActionLocation.CHANGE_LIST`` (None before 6.1, whose ``get_actions`` takes no location).
+CHANGE_LIST: Any = getattr(getattr(admin_options, "ActionLocation", None), "CHANGE_LIST", None)
 
 
 def _manager() -> Any:
@@ -141,10 +144,12 @@ class LockAdmin(_ModelAdmin):
         # The admin needs a user model with has_perm(); the stubs' AbstractBaseUser has none.
         return request.user.has_perm("django_redlock.release_lock")  # type: ignore[union-attr]
 
-    def get_actions(self, request: HttpRequest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def get_actions(self, request: HttpRequest, action_location: Any = CHANGE_LIST) -> dict[str, Any]:
         # The site-wide actions (delete_selected, ...) work on querysets of table rows: there are none here.
-        # (*args, **kwargs: Django 6.1 adds action_location.)
-        actions = super().get_actions(request, *args, **kwargs)
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg,unused-ignore]
         return {name: action for name, action in actions.items() if name in (self.actions or ())}
 
     def get_urls(self) -> list[Any]:
@@ -273,7 +278,8 @@ class LockAdmin(_ModelAdmin):
                 request, _("Items must be selected in order to perform actions on them. No items have been changed.")
             )
             return back
-        response = actions[name][0](self, request, resources)
+        action = actions[name]  # Django 6.1: an Action; before: a (function, name, description) tuple
+        response = (action.func if hasattr(action, "func") else action[0])(self, request, resources)
         return response if isinstance(response, HttpResponse) else back
 
     @admin.action(description=gettext_lazy("Force-release selected locks"), permissions=["release"])

@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -39,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "LOCKED_RESPONSE": None,  # dotted path or callable (request, error) -> HttpResponse
     "COMMAND_TTL": 60.0,
     "HOOKS": [],  # more hooks (dotted paths, or Hooks instances): metrics exporters, your own
+    "PROBLEM_TYPE_BASE": None,  # the page describing the problem types; None: "type" is about:blank
 }
 
 # REDLOCK key -> LockManager keyword
@@ -124,7 +126,23 @@ def config_problems() -> list[str]:
     for keys in (ENGINE_KEYS, LAYER_KEYS):
         values = {argument: config[key] for key, argument in keys.items()}
         problems += check_arguments(values, {argument: f"REDLOCK['{key}']" for key, argument in keys.items()})[1]
-    return problems
+    return problems + problem_type_base_problems(config["PROBLEM_TYPE_BASE"])
+
+
+def problem_type_base_problems(base: Any) -> list[str]:
+    """``REDLOCK['PROBLEM_TYPE_BASE']``: None, or an absolute URL without a fragment (each problem adds its own)."""
+    if base is None:
+        return []
+    if isinstance(base, str) and base.isprintable() and not any(c in base for c in " #"):
+        try:
+            if urlsplit(base).scheme:
+                return []
+        except ValueError:  # an unclosed IPv6 bracket
+            pass
+    return [
+        f"REDLOCK['PROBLEM_TYPE_BASE'] must be None or an absolute URL without '#' (the page that describes the "
+        f"problem types, e.g. 'https://docs.example.com/django-redlock/json_apis.html'); got {base!r}."
+    ]
 
 
 def engine_options() -> dict[str, Any]:

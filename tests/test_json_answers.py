@@ -124,7 +124,32 @@ def test_a_problem_json_client_gets_rfc_9457_problem_details_for_423():
         "code": "locked",
         "retry_after": seconds,
     }
-    assert problem_type("locked").startswith("https://") and problem_type("locked").endswith("#problem-locked")
+    assert problem_type("locked") == "about:blank"  # no page configured: no link to a page that may not exist
+
+
+@pytest.mark.usefixtures("redlock_settings")
+def test_problem_types_link_the_configured_page(settings):
+    base = "https://docs.example.com/django-redlock/json_apis.html"
+    settings.REDLOCK = {**settings.REDLOCK, "PROBLEM_TYPE_BASE": base}
+    lock = hold("invoice-25")
+    response = Client().get("/pay/25/", HTTP_ACCEPT="application/problem+json")
+    lock.release()
+    assert response.status_code == 423 and json.loads(response.content)["type"] == f"{base}#problem-locked"
+    assert problem_type("lock_service_unavailable") == f"{base}#problem-lock-service-unavailable"
+    assert problem_type("invalid_lock_key") == f"{base}#problem-invalid-lock-key"
+
+
+@pytest.mark.parametrize("base", ["docs.example.com/json_apis.html", "https://x.example/p#frag", "", 42, "https://x.example/a b"])
+def test_a_problem_type_base_that_is_no_absolute_url_is_a_settings_error(settings, base):
+    from django_redlock.checks import check_settings
+
+    settings.REDLOCK = {"PROBLEM_TYPE_BASE": base}
+    errors = [e for e in check_settings() if "PROBLEM_TYPE_BASE" in e.msg]
+    assert [e.id for e in errors] == ["django_redlock.E002"]
+    assert errors[0].msg == (
+        "REDLOCK['PROBLEM_TYPE_BASE'] must be None or an absolute URL without '#' (the page that describes the "
+        f"problem types, e.g. 'https://docs.example.com/django-redlock/json_apis.html'); got {base!r}."
+    )
 
 
 def test_nodes_down_is_503_in_json_and_problem_json_without_node_addresses(redlock_settings, servers):

@@ -112,7 +112,7 @@ def test_the_423_answer_is_translated():
     html = page.content.decode()
     assert '<html lang="de">' in html and "<title>423 Gesperrt</title>" in html and f"<p>{LOCKED_DE}</p>" in html
     assert body["detail"] == LOCKED_DE and body["code"] == "locked"  # codes stay as they are
-    assert problem["title"] == "Gesperrt" and problem["detail"] == LOCKED_DE and problem["type"].endswith("#problem-locked")
+    assert problem["title"] == "Gesperrt" and problem["detail"] == LOCKED_DE and problem["type"] == "about:blank"
     assert english["detail"] == "Someone else is working on this right now. Please try again shortly."
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
+pytest.importorskip("mypy", reason="mypy is not installed (pip install --group test)")
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path("tests") / "typing_sample.py"

@@ -30,6 +30,7 @@ from django_redlock.adapters.texts import (
 from django_redlock.exceptions import InvalidResource, LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = [
+    "ABOUT_BLANK",
     "HTML",
     "JSON",
     "PROBLEM_JSON",
@@ -47,8 +48,8 @@ HTML = "text/html"
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 
-#: Where the problem types are described: a problem's ``type`` is this page and its anchor.
-PROBLEM_TYPES_PAGE = "https://django-redlock.readthedocs.io/en/stable/json_apis.html"
+#: RFC 9457's ``type`` when none is configured: the problem is what the status code says.
+ABOUT_BLANK = "about:blank"
 
 
 # -- content negotiation ---------------------------------------------------------
@@ -121,8 +122,12 @@ def wants_json(request: HttpRequest) -> bool:
 
 def problem_type(code: str) -> str:
     """The RFC 9457 ``type`` of a problem by its code (``locked``, ``lock_service_unavailable``,
-    ``lock_lost``, ``invalid_lock_key``): the documentation's section about it."""
-    return f"{PROBLEM_TYPES_PAGE}#problem-{code.replace('_', '-')}"
+    ``lock_lost``, ``invalid_lock_key``): ``REDLOCK['PROBLEM_TYPE_BASE']``, the page that
+    describes the problems, with the code's anchor; ``about:blank`` when that is not set."""
+    base = conf.get_config()["PROBLEM_TYPE_BASE"]
+    if base is None:
+        return ABOUT_BLANK
+    return f"{base}#problem-{code.replace('_', '-')}"
 
 
 def _answer(

@@ -30,8 +30,10 @@ try:
 except ImportError:  # pragma: no cover - very old redis-py
     NoBackoff = None  # type: ignore[assignment,misc]
 
-from django_redlock.core import forks, ledger
+from django_redlock.core import forks, ledger, redis_internals
 from django_redlock.core.records import printable
+
+redis_internals.check()  # both drivers build on this module: an unusable redis-py fails here, named
 
 __all__ = [
     "ENCODE_HINT",
@@ -68,8 +70,8 @@ def _handshake_off(connection_class: type) -> dict[str, Any]:
     elif "lib_name" in params:
         off.update(lib_name=None, lib_version=None)
     if "maint_notifications_config" in params:
-        try:
-            from redis.maint_notifications import MaintNotificationsConfig
+        try:  # redis-py 7+ (older ones have no such module, nor the parameter)
+            from redis.maint_notifications import MaintNotificationsConfig  # type: ignore[import-not-found,unused-ignore]
 
             off["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
         except ImportError:  # pragma: no cover

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "django_redlock"
 CORE = PACKAGE / "core"
 
 #: The drivers (sockets, asyncio, redis-py clients) and the managers over them: the rest of core/ stays pure.
-DRIVERS = {"__init__", "nodes", "anodes", "wire", "node_spec", "sentinel", "sync_manager", "async_manager"}
+DRIVERS = {"__init__", "nodes", "anodes", "wire", "node_spec", "redis_internals", "sentinel", "sync_manager", "async_manager"}
 IO_MODULES = ("redis", "socket", "select", "asyncio")
 
 
