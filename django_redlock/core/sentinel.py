@@ -88,12 +88,9 @@ class SentinelGroup:
             except Exception as exc:  # noqa: BLE001 - any failure: the next Sentinel
                 problems.append(f"{_address(sentinel)}: {self._why(exc)}")
                 continue
-            found = self._judge(state)
-            if isinstance(found, str):
-                problems.append(f"{_address(sentinel)}: {found}")
-                continue
-            self._first(sentinel)
-            return self._learned(node, *found)
+            learned = self._answered(node, sentinel, state, problems)
+            if learned is not None:
+                return learned
         raise NodeUnavailable(node.redact(self._none(problems)))
 
     async def afollow(self, node: NodeConfig) -> dict[str, Any]:
@@ -113,13 +110,19 @@ class SentinelGroup:
                     await client.aclose()
                 except Exception:  # noqa: BLE001
                     pass
-            found = self._judge(state)
-            if isinstance(found, str):
-                problems.append(f"{_address(sentinel)}: {found}")
-                continue
-            self._first(sentinel)
-            return self._learned(node, *found)
+            learned = self._answered(node, sentinel, state, problems)
+            if learned is not None:
+                return learned
         raise NodeUnavailable(node.redact(self._none(problems)))
+
+    def _answered(self, node: NodeConfig, sentinel: tuple[str, int], state: Any, problems: list[str]) -> dict[str, Any] | None:
+        """The master a Sentinel's ``SENTINEL MASTER`` reply names, learned; None: why not, in ``problems``."""
+        found = self._judge(state)
+        if isinstance(found, str):
+            problems.append(f"{_address(sentinel)}: {found}")
+            return None
+        self._first(sentinel)
+        return self._learned(node, *found)
 
     def recheck(self, node: NodeConfig) -> None:
         """Ask again if it is time (one thread at a time); when no Sentinel answers, the
