@@ -41,6 +41,8 @@ TESTS = [
     "tests/test_multi_resource.py",
     "tests/test_fencing_all_or_nothing.py",
     "tests/test_exclusion.py",
+    "tests/test_recreated_keys.py",
+    "tests/test_checks_data_dir.py",
 ]
 
 
