@@ -48,3 +48,34 @@ def test_a_lone_stale_sentinel_does_not_make_a_second_holder(engine, servers, ol
     second.release()
     first.release()
     assert not both, "two holders of one lock: each followed another master of the same Sentinel node"
+
+
+def test_no_call_hangs_while_every_sentinel_is_stopped(engine, servers):
+    """Every Sentinel SIGSTOPped (connections accepted, nothing answered): the node does not vote and
+    the lock is taken on the other two; the calls return."""
+    import os
+    import signal
+    import threading
+
+    ledger._HISTORIES.by_address.clear()
+    group = SentinelGroup(3).start()
+    try:
+        mgr = engine.manager([servers[0].url, servers[1].url, group.spec()], ttl=5, restart_window=0)
+        for process in group._sentinels:
+            os.kill(process.pid, signal.SIGSTOP)
+        outcome = []
+
+        def work():
+            lock = mgr.acquire("stopped-sentinels", auto_extend=True)
+            lock.extend()
+            lock.release()
+            outcome.append("done")
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(30)
+        assert outcome == ["done"], "a call hung while every Sentinel was stopped"
+    finally:
+        for process in group._sentinels:
+            os.kill(process.pid, signal.SIGCONT)
+        group.stop()
