@@ -4,8 +4,9 @@ A node spec ``{"SENTINELS": [(host, port), ...], "SERVICE": name, "OPTIONS": {..
 "SENTINEL_OPTIONS": {...}}`` (or a redis-py or valkey-py client whose pool is a Sentinel pool,
 as django-redis's and django-valkey's ``SentinelClient`` make) becomes a
 :class:`~django_redlock.core.node_spec.NodeConfig` with a :class:`SentinelGroup`. Each new
-connection asks the Sentinels for the master first; an idle connection is used only while the
-Sentinels, asked again at most every :data:`RECHECK` seconds, still name the server it goes to.
+connection asks the Sentinels for the master first (a majority must name it); an idle connection
+is used only while the Sentinels, asked again at most every :data:`RECHECK` seconds, still name
+the server it goes to.
 
 A promotion sits the node out as a failover does (the new master may lack the last locks
 written: replication is asynchronous). Three things tell it: the master's run id and
@@ -62,7 +63,6 @@ class SentinelGroup:
         self.address: tuple[str, int] | None = None
         self.checked = -1e18
         self._checking = forks.mutex(self, "_checking")
-        self._order = forks.mutex(self, "_order")
 
     def name(self, db: int) -> str:
         return f"sentinel:{_address(self.sentinels[0])}/{self.service}/{db}"
@@ -78,9 +78,11 @@ class SentinelGroup:
     # -- asking ---------------------------------------------------------------------
 
     def follow(self, node: NodeConfig) -> dict[str, Any]:
-        """Ask the Sentinels (in turn, the last one that answered first) for the master:
-        ``{"host", "port"}`` to connect to. Raises :class:`NodeUnavailable` naming why."""
-        problems = []
+        """Ask every Sentinel for the master: ``{"host", "port"}`` to connect to, once a majority of
+        them name the same one (a lone Sentinel, cut off with the old master, keeps naming it).
+        Raises :class:`NodeUnavailable` naming why."""
+        problems: list[str] = []
+        named: list[tuple[str, int, float | None]] = []
         for sentinel in list(self.sentinels):
             try:
                 with redis.Redis(host=sentinel[0], port=sentinel[1], **self.kwargs) as client:
@@ -88,16 +90,15 @@ class SentinelGroup:
             except Exception as exc:  # noqa: BLE001 - any failure: the next Sentinel
                 problems.append(f"{_address(sentinel)}: {self._why(exc)}")
                 continue
-            learned = self._answered(node, sentinel, state, problems)
-            if learned is not None:
-                return learned
-        raise NodeUnavailable(node.redact(self._none(problems)))
+            self._heard(sentinel, state, named, problems)
+        return self._agreed(node, named, problems)
 
     async def afollow(self, node: NodeConfig) -> dict[str, Any]:
         """:meth:`follow` on the running event loop."""
         import redis.asyncio as aredis
 
-        problems = []
+        problems: list[str] = []
+        named: list[tuple[str, int, float | None]] = []
         for sentinel in list(self.sentinels):
             client = aredis.Redis(host=sentinel[0], port=sentinel[1], **_async_kwargs(self.kwargs))
             try:
@@ -110,19 +111,30 @@ class SentinelGroup:
                     await client.aclose()
                 except Exception:  # noqa: BLE001
                     pass
-            learned = self._answered(node, sentinel, state, problems)
-            if learned is not None:
-                return learned
-        raise NodeUnavailable(node.redact(self._none(problems)))
+            self._heard(sentinel, state, named, problems)
+        return self._agreed(node, named, problems)
 
-    def _answered(self, node: NodeConfig, sentinel: tuple[str, int], state: Any, problems: list[str]) -> dict[str, Any] | None:
-        """The master a Sentinel's ``SENTINEL MASTER`` reply names, learned; None: why not, in ``problems``."""
+    def _heard(self, sentinel: tuple[str, int], state: Any, named: list[Any], problems: list[str]) -> None:
         found = self._judge(state)
         if isinstance(found, str):
             problems.append(f"{_address(sentinel)}: {found}")
-            return None
-        self._first(sentinel)
-        return self._learned(node, *found)
+        else:
+            named.append(found)
+
+    def _agreed(
+        self, node: NodeConfig, named: list[tuple[str, int, float | None]], problems: list[str]
+    ) -> dict[str, Any]:
+        """The master a majority of the Sentinels named (the most recent promotion any of them saw)."""
+        for host, port, _ in named:
+            same = [age for h, p, age in named if (h, p) == (host, port)]
+            if len(same) > len(self.sentinels) // 2:
+                ages = [age for age in same if age is not None]
+                return self._learned(node, host, port, min(ages) if ages else None)
+        if named:
+            masters = sorted({f"{printable(h)}:{p}" for h, p, _ in named})
+            problems.append(f"{len(self.sentinels) // 2 + 1} of {len(self.sentinels)} must name one master; "
+                            f"named: {', '.join(masters)}")
+        raise NodeUnavailable(node.redact(self._none(problems)))
 
     def recheck(self, node: NodeConfig) -> None:
         """Ask again if it is time (one thread at a time); when no Sentinel answers, the
@@ -146,13 +158,6 @@ class SentinelGroup:
             await self.afollow(node)
         except NodeUnavailable:
             pass
-
-    def _first(self, sentinel: tuple[str, int]) -> None:
-        """Ask ``sentinel``, which answered, first from now on."""
-        with self._order:
-            if self.sentinels[0] != sentinel and sentinel in self.sentinels:
-                self.sentinels.remove(sentinel)
-                self.sentinels.insert(0, sentinel)
 
     def _judge(self, state: Any) -> tuple[str, int, float | None] | str:
         """The master a Sentinel named (host, port, seconds since it took it for the master), or why not."""
