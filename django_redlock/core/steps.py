@@ -324,7 +324,7 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
         base.call_hook(hooks, "extension_finished", lock, automatic, False)
         # Gone from a majority: what it set again goes too, also where a reply is not in yet (or never
         # came) and the extension may still set the keys; the release goes behind it on each node.
-        unsure = [again or reply is None or isinstance(reply, base.Failure) for again, reply in zip(healed, results)]
+        unsure = [again or reply is None or isinstance(reply, rounds.Failure) for again, reply in zip(healed, results)]
         if lock.lost and any(unsure):
             yield Background(release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure))
         raise
