@@ -40,16 +40,11 @@ __all__ = [
 # Names loaded on first use: the engine's (so importing the package stays cheap)
 # and the Django-bound ones (so the engine stays usable without Django settings).
 _LAZY = {
-    "AsyncLock": "django_redlock.core",
-    "AsyncLockManager": "django_redlock.core",
-    "Lock": "django_redlock.core",
-    "LockManager": "django_redlock.core",
-    "async_lock_manager": "django_redlock.manager",
-    "get_async_lock_manager": "django_redlock.manager",
-    "get_lock_manager": "django_redlock.manager",
-    "lock_manager": "django_redlock.manager",
-    "redlock": "django_redlock.decorators",
-    "redlock_command": "django_redlock.decorators",
+    **dict.fromkeys(["AsyncLock", "AsyncLockManager", "Lock", "LockManager"], "django_redlock.core"),
+    **dict.fromkeys(
+        ["async_lock_manager", "get_async_lock_manager", "get_lock_manager", "lock_manager"], "django_redlock.manager"
+    ),
+    **dict.fromkeys(["redlock", "redlock_command"], "django_redlock.decorators"),
 }
 
 if TYPE_CHECKING:

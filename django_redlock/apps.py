@@ -1,3 +1,5 @@
+"""The Django app config: its name, verbose name and the system checks it loads when ready."""
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 

@@ -116,12 +116,12 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
     def add_arguments(self: Any, parser: Any) -> None:
         original_add_arguments(self, parser)
         group = parser.add_argument_group("redlock")
+        seconds: dict[str, Any] = {"metavar": "SECONDS", "default": None}
         group.add_argument(
             "--lock-wait",
             type=option_type(lock_wait),
-            metavar="SECONDS",
-            default=None,
             help="If another host holds the lock, wait up to SECONDS for it instead of skipping.",
+            **seconds,
         )
         group.add_argument(
             "--lock-fail",
@@ -129,11 +129,7 @@ def _wrap_command_class(cls: Any, how: _How) -> None:
             help=f"If another host holds the lock, exit with status {int(ExitCode.LOCKED)}.",
         )
         group.add_argument(
-            "--lock-ttl",
-            type=option_type(lock_ttl),
-            metavar="SECONDS",
-            default=None,
-            help="The lock's ttl (kept alive while running).",
+            "--lock-ttl", type=option_type(lock_ttl), help="The lock's ttl (kept alive while running).", **seconds
         )
 
     def run_from_argv(self: Any, argv: list[str]) -> None:

@@ -79,18 +79,24 @@ def redlock(
             "ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant
         }
 
+        def lock_for(manager: Callable[[], Any], args: Any, kwargs: Any) -> tuple[Any, Any]:
+            """The call's lock from ``manager()``, or the 400 answer when the key built from the request names none."""
+            try:
+                resource = spec.format(args, kwargs)
+            except InvalidResource as error:  # built from the request: the client's error
+                return None, answer_invalid_key(find_request(args, kwargs), error)
+            conf.check_max_ttl(ttl)
+            return manager().lock(resource, auto_extend=auto_extend, **options), None
+
         if iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
                 from django_redlock.manager import get_async_lock_manager
 
-                try:
-                    resource = spec.format(args, kwargs)
-                except InvalidResource as error:  # built from the request: the client's error
-                    return answer_invalid_key(find_request(args, kwargs), error)
-                conf.check_max_ttl(ttl)
-                hold = get_async_lock_manager().lock(resource, auto_extend=auto_extend, **options)
+                hold, refusal = lock_for(get_async_lock_manager, args, kwargs)
+                if hold is None:
+                    return refusal
                 return await _run_held_async(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked)
 
             # func is a coroutine function: so is the wrapper, with func's parameters and result.
@@ -100,12 +106,9 @@ def redlock(
         def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
             from django_redlock.manager import get_lock_manager
 
-            try:
-                resource = spec.format(args, kwargs)
-            except InvalidResource as error:  # built from the request: the client's error
-                return answer_invalid_key(find_request(args, kwargs), error)
-            conf.check_max_ttl(ttl)
-            hold = get_lock_manager().lock(resource, auto_extend=auto_extend, **options)
+            hold, refusal = lock_for(get_lock_manager, args, kwargs)
+            if hold is None:
+                return refusal
             return _run_held(hold, lambda: func(*args, **kwargs), find_request(args, kwargs), on_locked, owner=wrapper)
 
         # Resolved as a view, it opens the request's transactions inside its lock (Django would open them outside).

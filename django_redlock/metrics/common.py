@@ -15,7 +15,22 @@ from django_redlock.core.config import AcquireReport, Hooks, NodeSeen
 if TYPE_CHECKING:
     from django_redlock.core.lock import LockBase
 
-__all__ = ["ACQUIRE_BUCKETS", "HOLD_BUCKETS", "NODE_BUCKETS", "OUTCOMES", "HeldLocks", "MetricsHooks"]
+__all__ = [
+    "ACQUIRE_BUCKETS",
+    "HOLD_BUCKETS",
+    "NODE_BUCKETS",
+    "OUTCOMES",
+    "HeldLocks",
+    "MetricsHooks",
+    "missing_library",
+]
+
+def missing_library(exporter: str, library: str, error: ImportError) -> ImportError:
+    """What ``django_redlock.metrics.<exporter>`` raises when its library is not installed: what to install."""
+    return ImportError(
+        f"django_redlock.metrics.{exporter} needs {library} ({error}): pip install 'django-redlock[{exporter}]'"
+    )
+
 
 #: How an ``acquire()`` call ends (the ``outcome`` label).
 OUTCOMES = ("acquired", "locked", "no_quorum", "error")

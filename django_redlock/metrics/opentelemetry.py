@@ -7,17 +7,15 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from django_redlock.core.config import AcquireReport, NodeSeen
+from django_redlock.metrics import common
+from django_redlock.metrics.common import ACQUIRE_BUCKETS, HOLD_BUCKETS, NODE_BUCKETS, HeldLocks, MetricsHooks
+
 try:
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"django_redlock.metrics.opentelemetry needs opentelemetry-api ({exc}): "
-        "pip install 'django-redlock[opentelemetry]'"
-    ) from None
-
-from django_redlock.core.config import AcquireReport, NodeSeen
-from django_redlock.metrics.common import ACQUIRE_BUCKETS, HOLD_BUCKETS, NODE_BUCKETS, HeldLocks, MetricsHooks
+    raise common.missing_library("opentelemetry", "opentelemetry-api", exc) from None
 
 __all__ = ["OpenTelemetryHooks"]
 

@@ -7,14 +7,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"django_redlock.metrics.prometheus needs prometheus_client ({exc}): "
-        "pip install 'django-redlock[prometheus]'"
-    ) from None
-
 from django_redlock.core.config import AcquireReport, NodeSeen
 from django_redlock.metrics.common import (
     ACQUIRE_BUCKETS,
@@ -23,7 +15,13 @@ from django_redlock.metrics.common import (
     OUTCOMES,
     HeldLocks,
     MetricsHooks,
+    missing_library,
 )
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise missing_library("prometheus", "prometheus_client", exc) from None
 
 __all__ = ["PrometheusHooks"]
 
@@ -33,48 +31,37 @@ class _Metrics:
     def __init__(self, registry: CollectorRegistry, grouped: bool) -> None:
         self.grouped = grouped
         g = ["group"] if grouped else []
-        self.acquire = Histogram(
-            "django_redlock_acquire_seconds",
-            "Seconds an acquire() call took, by how it ended.",
-            [*g, "outcome"],
-            buckets=ACQUIRE_BUCKETS,
-            registry=registry,
+
+        def seconds(name: str, documentation: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"django_redlock_{name}_seconds", documentation, labels, buckets=buckets, registry=registry)
+
+        def counter(name: str, documentation: str, labels: list[str]) -> Counter:
+            return Counter(f"django_redlock_{name}", documentation, labels, registry=registry)
+
+        self.acquire = seconds(
+            "acquire", "Seconds an acquire() call took, by how it ended.", [*g, "outcome"], ACQUIRE_BUCKETS
         )
-        self.wait = Histogram(
-            "django_redlock_wait_seconds",
+        self.wait = seconds(
+            "wait",
             "Seconds an acquire() call waited after its first vote did not win (in line, or for the nodes).",
             [*g, "outcome"],
-            buckets=ACQUIRE_BUCKETS,
-            registry=registry,
+            ACQUIRE_BUCKETS,
         )
-        self.contended = Counter(
-            "django_redlock_contended",
-            "acquire() calls whose first vote found the lock held, or others ahead in line.",
-            g,
-            registry=registry,
+        self.contended = counter(
+            "contended", "acquire() calls whose first vote found the lock held, or others ahead in line.", g
         )
-        self.refusals = Counter(
-            "django_redlock_refusals",
+        self.refusals = counter(
+            "refusals",
             "acquire() calls that gave up: the lock was held (locked) or too few nodes answered (no_quorum).",
             [*g, "outcome"],
-            registry=registry,
         )
-        self.extensions = Counter(
-            "django_redlock_extensions",
+        self.extensions = counter(
+            "extensions",
             "Lock extensions judged, by the keep-alive (automatic) or extend() (manual), and how they went.",
             [*g, "kind", "outcome"],
-            registry=registry,
         )
-        self.lost = Counter(
-            "django_redlock_lost", "Held locks found expired or taken over.", g, registry=registry
-        )
-        self.hold = Histogram(
-            "django_redlock_hold_seconds",
-            "Seconds from acquiring a lock to releasing it.",
-            g,
-            buckets=HOLD_BUCKETS,
-            registry=registry,
-        )
+        self.lost = counter("lost", "Held locks found expired or taken over.", g)
+        self.hold = seconds("hold", "Seconds from acquiring a lock to releasing it.", g, HOLD_BUCKETS)
         self.node_up = Gauge(
             "django_redlock_node_up",
             "1 when the node answered its last round, 0 when it did not.",
@@ -89,19 +76,17 @@ class _Metrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
-        self.node_round_trip = Histogram(
-            "django_redlock_node_round_trip_seconds",
+        self.node_round_trip = seconds(
+            "node_round_trip",
             "Seconds from sending a node a command to reading its reply (waits in line excluded).",
             ["node"],
-            buckets=NODE_BUCKETS,
-            registry=registry,
+            NODE_BUCKETS,
         )
-        self.recreated = Counter(
-            "django_redlock_keys_recreated",
+        self.recreated = counter(
+            "keys_recreated",
             "Times an extension set a lock's keys again on a node that had lost them "
             "(a restart, an expiry while stopped).",
             ["node"],
-            registry=registry,
         )
         self.held_locks = Gauge(
             "django_redlock_held_locks",

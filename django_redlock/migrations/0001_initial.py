@@ -1,3 +1,5 @@
+"""The unmanaged lock model, for the admin entry and its permissions."""
+
 from django.db import migrations, models
 
 

@@ -1,0 +1,1 @@
+"""The migrations of django_redlock's unmanaged admin model."""

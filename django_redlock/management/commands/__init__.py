@@ -1,0 +1,1 @@
+"""The ``redlock`` management command (inspect and operate locks from a shell)."""
