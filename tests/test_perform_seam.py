@@ -66,7 +66,7 @@ def test_every_sync_operation_goes_through_perform(servers, monkeypatch):
     finally:
         manager.close()
     assert counts["fanouts"] == counts["fans"] >= 15
-    assert {"Fan", steps.NOW, steps.WALL} <= counts["kinds"]
+    assert "Fan" in counts["kinds"]
 
 
 @pytest.mark.asyncio

@@ -274,7 +274,7 @@ class AsyncLockManager(ManagerBase):
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
             return None
-        return steps.answer(self.config, effect)
+        raise TypeError(f"unknown step effect {effect!r}")
 
     def lock(
         self,

@@ -4,17 +4,17 @@ An operation never touches a socket or a clock. It yields an effect and is
 resumed with its result:
 
 - :class:`Fan` -> the list of per-node results of one :class:`~django_redlock.core.rounds.Round`;
-- :data:`NOW` -> the monotonic time; :data:`WALL` -> the wall clock in microseconds;
 - :class:`Sleep` -> None, after that many seconds;
 - :class:`Background` -> None at once; the fan-out inside runs to its end even
   if the caller is cancelled (the sync driver just runs it).
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
+Clocks are read from the config (``config.clock()``, ``config.wall_us()``), which the
+simulator sets to its own.
 Every operation that talks to the nodes is a step. A manager drives one through its
 ``_perform(effect)``, the one place where effects meet I/O: :class:`Run` holds the step
-between effects, :func:`answer` gives :data:`NOW` and :data:`WALL` from the manager's
-config, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
+between effects, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
 The test suite's simulator gives a manager a ``_perform`` of its own.
 """
 
@@ -35,15 +35,12 @@ if TYPE_CHECKING:
     from django_redlock.core.records import ForcedRelease
 
 __all__ = [
-    "NOW",
-    "WALL",
     "Background",
     "Fan",
     "Run",
     "Sleep",
     "acquire",
     "adopt",
-    "answer",
     "ask",
     "check_owned",
     "extend",
@@ -133,9 +130,6 @@ class Background:
         self.fan = fan
 
 
-NOW = "now"
-WALL = "wall"
-
 Step = Generator[Any, Any, Any]
 
 
@@ -192,7 +186,7 @@ def acquire(
     :class:`~django_redlock.core.base.Attempts`.
     """
     total = len(names)
-    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW), (yield WALL))
+    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, config.clock(), config.wall_us())
     # A non-blocking call stops as soon as the outcome is certain (a lost majority fails in
     # milliseconds); a call that waits in line hears every node out when it fails.
     done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)
@@ -208,13 +202,13 @@ def acquire(
                 restart_window=plan.window,
                 block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
             )
-            now = yield NOW
+            now = config.clock()
             won = plan.won(results, started, quorum, now)
             if won:
                 top_up = plan.top_up()
                 if top_up is not None:
                     command, timeout = top_up
-                    started = yield NOW
+                    started = config.clock()
                     replies = yield Fan(
                         [command] * total,
                         timeout=timeout,
@@ -222,7 +216,7 @@ def acquire(
                         script=EXTEND,
                         allow_lagging=False,
                     )
-                    now = yield NOW
+                    now = config.clock()
                     plan.topped_up(replies, started, quorum, now)
                     won = plan.validity > 0  # a provisional grant can run out while it is extended
             if won:
@@ -248,7 +242,7 @@ def acquire(
             plan.renew()
             if pause > 0:
                 yield Sleep(pause)
-            started = yield NOW
+            started = config.clock()
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
@@ -256,7 +250,7 @@ def acquire(
             # votes: release what may have been set, and leave the line.
             yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
             if timed:
-                base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
+                base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
             raise
     command, script = plan.ttl_command()
     try:
@@ -265,14 +259,14 @@ def acquire(
         raise
     except BaseException:
         if timed:
-            base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
+            base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
         raise
     held = base.holders_of(plan.resources, ttls, quorum, plan.value)
     error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "", held)
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     if timed:
         outcome: base.Outcome = "no_quorum" if isinstance(error, QuorumUnavailable) else "locked"
-        base.call_hook(config.hooks, "acquire_finished", plan.report(outcome, (yield NOW)))
+        base.call_hook(config.hooks, "acquire_finished", plan.report(outcome, config.clock()))
     raise error
 
 
@@ -280,7 +274,7 @@ def adopt(config: base.ManagerConfig, quorum: int, names: Sequence[str], resourc
     """Read the lock keys of a hand-off; returns ``(adoption, started, seconds held)``. See :class:`~django_redlock.core.adoption.Adoption`."""
     adoption = Adoption(config, resource, token)
     total = len(names)
-    started = yield NOW
+    started = config.clock()
     replies = yield Fan(
         [adoption.command()] * total,
         done=base.until_outcome(quorum, total, lambda r: adoption.kept(r) is not None),
@@ -303,8 +297,8 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
     counted = not automatic
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
-    started = yield NOW
     config = lock.manager.config
+    started = config.clock()
     # A node that lost the key (a restart, an expiry while it was stopped) gets it back where a vote
     # would count: the rule's window probes each new connection, as a vote's does.
     command = base.extend_command(lock.keys, lock.value, new_ttl, config.dataset_key, recreate=True)
@@ -348,7 +342,7 @@ def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -
         script=FENCE_READ,
         restart_window=window,
     )
-    token = base.next_fence(reads, quorum, lock.resource, (yield WALL))
+    token = base.next_fence(reads, quorum, lock.resource, config.wall_us())
     command = script_command(FENCE_RAISE, fence_keys, (token, *guard))
     writes = yield Fan(
         [command] * total,
@@ -476,15 +470,6 @@ def handing_over(call: Callable[..., _T], *args: Any) -> _T:
         return call(*args)
     finally:
         calls.depth = outer  # first, no call before it
-
-
-def answer(config: base.ManagerConfig, effect: Any) -> Any:
-    """The effects every driver answers alike, without I/O: :data:`NOW` and :data:`WALL`."""
-    if effect is NOW:
-        return config.clock()
-    if effect is WALL:
-        return config.wall_us()
-    raise TypeError(f"unknown step effect {effect!r}")
 
 
 class Run:

@@ -364,7 +364,7 @@ class LockManager(ManagerBase):
         if kind is steps.Background:  # nothing to cancel the caller here: run it now
             self._perform(effect.fan)
             return None
-        return steps.answer(self.config, effect)
+        raise TypeError(f"unknown step effect {effect!r}")
 
     def lock(
         self,

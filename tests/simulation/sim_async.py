@@ -153,10 +153,6 @@ class AsyncSimProcess(SimProcess):
         return task is not None and task.get_coro().cr_code is _keep_alive_loop.__code__
 
     async def _aperform(self, driver: SimDriver, effect: Any) -> Any:
-        if effect is steps.NOW:
-            return self.proc.now()
-        if effect is steps.WALL:
-            return self.wall_us()
         if self.gone:
             raise _Gone  # a dead process does nothing more; nor does one whose run is over
         kind = type(effect)

@@ -229,10 +229,6 @@ class SimProcess:
         return Holder(self.world.token(8), self.name, None, label, None)
 
     def _perform(self, driver: SimDriver, effect: Any) -> Any:
-        if effect is steps.NOW:
-            return self.proc.now()
-        if effect is steps.WALL:
-            return self.wall_us()
         if self.gone or not self.proc.alive:
             raise GreenletExit  # a dead process does nothing more: its callers unwind
         kind = type(effect)
