@@ -4,9 +4,9 @@ An operation never touches a socket or a clock. It yields an effect and is
 resumed with its result:
 
 - :class:`Fan` -> the list of per-node results of one :class:`~django_redlock.core.rounds.Round`;
+  with ``background``, None at once: the round runs to its end even if the caller is
+  cancelled (the sync driver just runs it);
 - :class:`Sleep` -> None, after that many seconds;
-- :class:`Background` -> None at once; the fan-out inside runs to its end even
-  if the caller is cancelled (the sync driver just runs it).
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from django_redlock.core.records import ForcedRelease
 
 __all__ = [
-    "Background",
     "Fan",
     "Run",
     "Sleep",
@@ -68,6 +67,7 @@ class Fan:
         "block",
         "timings",
         "packed",
+        "background",
     )
 
     def __init__(
@@ -83,6 +83,7 @@ class Fan:
         owe: tuple[str, str, float] | None = None,
         block: tuple[tuple[str, ...], float] | None = None,
         timings: list[float | None] | None = None,
+        background: bool = False,
     ) -> None:
         self.commands = commands
         self.timeout = timeout  # None: the node timeout
@@ -97,6 +98,7 @@ class Fan:
         #: Each command encoded, before any node is asked: one that cannot be raises here, the
         #: caller's error, never a node's (the drivers take the bytes from it).
         self.packed = pack_each(commands)
+        self.background = background  # the driver answers None at once and runs the round to its end
 
     @property
     def vote_window(self) -> float:
@@ -123,13 +125,6 @@ class Sleep:
         self.seconds = seconds
 
 
-class Background:
-    __slots__ = ("fan",)
-
-    def __init__(self, fan: Fan) -> None:
-        self.fan = fan
-
-
 Step = Generator[Any, Any, Any]
 
 
@@ -143,6 +138,7 @@ def release_fan(
     only: Sequence[bool] | None = None,
     keep: tuple[int, int] | None = None,
     quorum: int | None = None,
+    background: bool = False,
 ) -> Fan:
     """Release ``value`` on every node, or those marked in ``only``; leave the lines with ``place``,
     or with ``keep`` = (ticket, lifetime ms), keep the place (a call that goes on waiting).
@@ -162,6 +158,7 @@ def release_fan(
         ordered_after_key=key,
         allow_lagging=False,
         owe=(key, value, ttl or config.max_ttl),
+        background=background,
     )
 
 
@@ -248,7 +245,7 @@ def acquire(
         except BaseException:
             # Interrupted (a signal, a cancellation), during a vote, a release or the pause between
             # votes: release what may have been set, and leave the line.
-            yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
+            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan), background=True)
             if timed:
                 base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
             raise
@@ -320,7 +317,7 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
         # came) and the extension may still set the keys; the release goes behind it on each node.
         unsure = [again or reply is None or isinstance(reply, rounds.Failure) for again, reply in zip(healed, results)]
         if lock.lost and any(unsure):
-            yield Background(release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure))
+            yield release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure, background=True)
         raise
     if any(healed):
         nodes = lock.manager.node_list
@@ -376,7 +373,8 @@ def release(lock: LockBase) -> Step:
     except BaseException:
         # Released all the same: the round runs to its end in the background, unjudged.
         base.call_hook(manager.config.hooks, "released", lock)
-        yield Background(fan)
+        fan.background = True
+        yield fan
         raise
     return lock._judge_release(results)
 

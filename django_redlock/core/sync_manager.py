@@ -357,12 +357,10 @@ class LockManager(ManagerBase):
         meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            return self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
+            results = self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
+            return None if effect.background else results  # nothing to cancel here: a background round runs now
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
-            return None
-        if kind is steps.Background:  # nothing to cancel the caller here: run it now
-            self._perform(effect.fan)
             return None
         raise TypeError(f"unknown step effect {effect!r}")
 

@@ -144,8 +144,8 @@ class SimClient:
             if kind is steps.Sleep:
                 self.proc.after_local(effect.seconds, self._resume, run, done, None)
                 return
-            elif kind is steps.Background:
-                self.fan(effect.fan, lambda results: None)
+            elif kind is steps.Fan and effect.background:
+                self.fan(effect, lambda results: None)
             elif kind is steps.Fan:
                 self.fan(effect, lambda results: self._resume(run, done, results))
                 return

@@ -156,8 +156,8 @@ class AsyncSimProcess(SimProcess):
         if self.gone:
             raise _Gone  # a dead process does nothing more; nor does one whose run is over
         kind = type(effect)
-        if kind is steps.Background:
-            driver.fan(effect.fan, lambda results: None)
+        if kind is steps.Fan and effect.background:
+            driver.fan(effect, lambda results: None)
             return None
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
