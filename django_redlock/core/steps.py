@@ -170,20 +170,16 @@ def acquire(
     config: base.ManagerConfig,
     quorum: int,
     names: Sequence[str],
-    resource: Any,
-    ttl: Any,
-    blocking: bool,
-    timeout: Any,
-    label: str | None,
+    request: base.Request,
     note: Callable[[], str] | None = None,
 ) -> Step:
-    """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
+    """Acquire what ``request`` asks for (checked by the public call): returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
 
     A blocking call waits in every node's line between votes; see
     :class:`~django_redlock.core.base.Attempts`.
     """
     total = len(names)
-    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, config.clock(), config.wall_us())
+    plan = base.Attempts(config, request, config.clock(), config.wall_us())
     # A non-blocking call stops as soon as the outcome is certain (a lost majority fails in
     # milliseconds); a call that waits in line hears every node out when it fails.
     done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)

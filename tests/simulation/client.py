@@ -196,7 +196,8 @@ class SimClient:
                              call=watch.call)
             then(lock, None)
 
-        step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
+        request = self.config.request(resource, None, blocking, timeout, None)
+        step = steps.acquire(self.config, self.quorum, self.names, request)
         watch = _Watch(step, checker.call(self.proc, resource), checker)
         self.calls.add(watch)
         if cancel_after is not None:
