@@ -1,17 +1,16 @@
 """The Redlock operations as steps: generators that yield what they need and decide everything else.
 
-An operation never touches a socket or a clock. It yields an effect and is
-resumed with its result:
+An operation never touches a socket, and reads clocks only from its config
+(``config.clock()``, ``config.wall_us()``; the simulator sets its own). It yields
+an effect and is resumed with its result:
 
 - :class:`Fan` -> the list of per-node results of one :class:`~django_redlock.core.rounds.Round`;
   with ``background``, None at once: the round runs to its end even if the caller is
   cancelled (the sync driver just runs it);
-- :class:`Sleep` -> None, after that many seconds;
+- :class:`Sleep` -> None, after that many seconds.
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
-Clocks are read from the config (``config.clock()``, ``config.wall_us()``), which the
-simulator sets to its own.
 Every operation that talks to the nodes is a step. A manager drives one through its
 ``_perform(effect)``, the one place where effects meet I/O: :class:`Run` holds the step
 between effects, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
