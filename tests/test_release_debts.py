@@ -153,8 +153,7 @@ def test_the_same_interleaving_replayed_on_the_core():
     books = NodeBooks("n", node_timeout=0.05)
     key, value = "redlock:lock:r", "v1"
     vote = Round([books], steps.Fan([("SET", key, value, "NX", "PX", 30000)]), now=0.0, timeout=0.05)
-    kind, _, _ = vote.choose(0, 0.0)
-    assert kind == NEW
+    assert vote.open(0, 0.0, lambda conn, idle_for: True) == NEW
     voted = ConnState()
     vote.write(0, voted, 0.0)
     vote.written(0, voted, None, 0.0)
@@ -163,8 +162,8 @@ def test_the_same_interleaving_replayed_on_the_core():
     assert books.choose(None, True, 0.002)[:2] == (PARKED, voted)  # another round queues behind the vote
     fan = steps.release_fan(ManagerConfig(), 1, ["r"], value, quorum=1)
     release = Round([books], fan, now=0.003, timeout=0.05)
-    kind, _, _ = release.choose(0, 0.003)
-    assert kind == NEW  # the vote's connection is out: the release cannot queue behind it
+    # The vote's connection is out: the release cannot queue behind it.
+    assert release.open(0, 0.003, lambda conn, idle_for: True) == NEW
     released = ConnState()
     release.write(0, released, 0.003)
     books.read(voted, b"OK", 0.004)  # the vote ran after the release on the node...

@@ -248,10 +248,6 @@ class NodeBooks(Generic[C]):
         else:
             self.idle.append((conn, now))
 
-    def hold(self, conn: C, since: float) -> None:
-        """A connection written on whose replies are read in the background: parked until they are."""
-        self.parked.setdefault(conn, since)
-
     def give_up_stale(self, now: float) -> list[C]:
         """Drop the parked connections whose replies are overdue beyond the stale limit; returns
         them (for the driver to close)."""
@@ -297,13 +293,6 @@ class NodeBooks(Generic[C]):
             conn.expect.clear()
 
     # -- writing and reading -------------------------------------------------------
-
-    def owe(
-        self, key: str, value: str, ttl: float, now: float, debt: Command, owing: ledger.Owing | None = None
-    ) -> None:
-        """A release of ``value`` is about to be written (by the round ``owing``): owe it (as ``debt``, see
-        :func:`~django_redlock.core.ledger.debt_command`) until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, debt, owing)
 
     def prepare(
         self, conn: C, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None

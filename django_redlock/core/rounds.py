@@ -35,7 +35,6 @@ from django_redlock.core.books import (
     NEW,
     PARKED,
     C,
-    Choice,
     Command,
     ConnState,
     Failure,
@@ -56,7 +55,6 @@ __all__ = [
     "MAX_PENDING",
     "NEW",
     "PARKED",
-    "Choice",
     "ConnState",
     "Description",
     "Failure",
@@ -182,17 +180,26 @@ class Round(Generic[C]):
                     debt = debts.get(id(command))
                     if debt is None:
                         debt = debts[id(command)] = ledger.debt_command(command, RELEASE.source)
-                    book.owe(key, value, ttl, now, debt, self.owing)
+                    # Owed until proven done, or until the key has surely expired.
+                    book.ledger.owe(key, value, now + ttl + book.stale_limit, now, debt, self.owing)
 
     def open(self, i: int, now: float, usable: Usable[C]) -> Opened[C] | None:
         """Node ``i``'s connection for this round, chosen and its commands booked: ``(conn, parked
         since, commands)``; :data:`NEW` when the driver must connect first (then :meth:`write`, or
         :meth:`connect_failed`); None when the node already has its result (skipped, unavailable)."""
+        command = self.commands[i]
+        if command is None:
+            self.results[i] = Failure(SKIPPED)
+            return None
+        book = self.books[i]
+        # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
+        after = pair_of(command) if self.ordered_after_key is not None and self.kind == ledger.RELEASE else None
         while True:
-            choice = self.choose(i, now)
-            if choice is None:
+            try:
+                kind, conn, since = book.choose(after, self.allow_lagging, now)
+            except NodeUnavailable as exc:
+                self.results[i] = Failure(str(exc))
                 return None
-            kind, conn, since = choice
             if kind == NEW or conn is None or since is None:
                 return NEW
             if kind == PARKED:
@@ -200,20 +207,6 @@ class Round(Generic[C]):
             # A connection idle for a while may have been closed by a restart: the driver looks.
             if usable(conn, now - since):
                 return conn, None, self.write(i, conn, now)
-
-    def choose(self, i: int, now: float) -> tuple[Choice, C | None, float | None] | None:
-        """Where node ``i``'s command goes; None when the node already has its result."""
-        if self.commands[i] is None:
-            self.results[i] = Failure(SKIPPED)
-            return None
-        after = None
-        if self.ordered_after_key is not None and self.kind == ledger.RELEASE:
-            after = pair_of(self.commands[i])  # type: ignore[arg-type]
-        try:
-            return self.books[i].choose(after, self.allow_lagging, now)
-        except NodeUnavailable as exc:
-            self.results[i] = Failure(str(exc))
-            return None
 
     def connect_failed(self, i: int, reason: str, now: float) -> None:
         self.books[i].connect_failed(reason, now)
@@ -285,8 +278,8 @@ class Round(Generic[C]):
             self.results[i] = Failure(QUEUED)
             return False
         books = self.books[i]
-        if books.background_reads:
-            books.hold(conn, now if parked_since is None else parked_since)
+        if books.background_reads:  # its replies are read in the background: parked until they are
+            books.parked.setdefault(conn, now if parked_since is None else parked_since)
         return True
 
     def _queued(self, i: int, conn: C, parked_since: float, now: float) -> bool:

@@ -266,7 +266,7 @@ def test_background_reads_keep_a_written_connection_parked_until_nothing_is_due(
     conn = driver.connect_and_send(rnd, 0, 0.0)
     assert books[0].parked == {conn: 0.0}  # its replies are read in the background, whoever waits
     assert books[0].choose(None, True, 0.001)[:2] == (PARKED, conn)  # another round may queue behind it
-    books[0].hold(conn, 0.001)
+    books[0].parked[conn] = 0.001  # written on by that round: parked until its replies are read
     assert not driver.reply(0, OK, 0.002)  # read in the background: taken by the waiting round
     assert rnd.results == [OK]
     assert not books[0].parked and books[0].idle == [(conn, 0.002)]
