@@ -166,15 +166,15 @@ def test_the_same_interleaving_replayed_on_the_core():
     assert release.open(0, 0.003, lambda conn, idle_for: True) == NEW
     released = ConnState()
     release.write(0, released, 0.003)
-    books.read(voted, b"OK", 0.004)  # the vote ran after the release on the node...
-    books.read(released, 0, 0.005)  # ...whose 0 is read last
+    books.book(voted, b"OK", 0.004)  # the vote ran after the release on the node...
+    books.book(released, 0, 0.005)  # ...whose 0 is read last
     assert (key, value) in books.ledger.debts  # still owed: that 0 proves nothing
     release.finish(0.006)  # the release round is over: its debt is due as any other
     ping = Round([books], steps.Fan([("PING",)]), now=0.1, timeout=0.05)
     later = ConnState()
     sent = ping.write(0, later, 0.1)  # the next command written to the node pays it, after the vote
     assert [c[0] for c in sent] == ["EVAL", "PING"]
-    books.read(later, 1, 0.101)
+    books.book(later, 1, 0.101)
     assert not books.ledger.debts
 
 
@@ -258,7 +258,7 @@ def test_the_noscript_interleaving_replayed_on_the_core():
     release = Round([books], fan, now=0.004, timeout=0.05)
     released = ConnState()
     release.write(0, released, 0.004)  # on a new connection
-    books.read(released, 0, 0.005)  # ran on the node before the vote sent again
+    books.book(released, 0, 0.005)  # ran on the node before the vote sent again
     assert (key, value) in books.ledger.debts  # that 0 proves nothing
-    books.read(voted, b"OK", 0.006)
+    books.book(voted, b"OK", 0.006)
     assert not books.ledger.unanswered

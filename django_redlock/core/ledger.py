@@ -231,7 +231,7 @@ class History:
     def __init__(self) -> None:
         self.last: Restart | None = None
         #: Monotonic time a reply was last read on a connection probed to ``last``'s server (the
-        #: books set it: see ``NodeBooks.read``), None: only its probe.
+        #: books set it: see ``NodeBooks.book``), None: only its probe.
         self.heard: float | None = None
         #: Monotonic time the last failover was noticed (it happened before), None: never.
         self.moved_at: float | None = None

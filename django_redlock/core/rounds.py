@@ -230,7 +230,7 @@ class Round(Generic[C]):
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
             if script.sha not in conn.scripts:
                 # A round may end at a quorum, and a NOSCRIPT read after that is answered with the
-                # source only where that is worth it (see NodeBooks.read): on a connection that
+                # source only where that is worth it (see NodeBooks.book): on a connection that
                 # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
