@@ -1,4 +1,4 @@
-"""One fan-out round, without I/O: the contract every driver keeps.
+"""One fan-out round and what describes it, without I/O: the contract every driver keeps.
 
 A :class:`Round` is a command per node, written to every node before any
 reply is awaited, judged reply by reply until the outcome is certain or the
