@@ -104,18 +104,6 @@ class Fan:
         """The restart window its replies are judged under as votes (see :func:`rounds.vote_window`)."""
         return rounds.vote_window(self.script, self.restart_window)
 
-    def options(self) -> dict[str, Any]:
-        return {
-            "done": self.done,
-            "script": self.script,
-            "ordered_after_key": self.ordered_after_key,
-            "allow_lagging": self.allow_lagging,
-            "restart_window": self.restart_window,
-            "owe": self.owe,
-            "block": self.block,
-            "timings": self.timings,
-        }
-
 
 class Sleep:
     __slots__ = ("seconds",)
