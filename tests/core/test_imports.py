@@ -175,7 +175,7 @@ def test_the_type_graph_reads_type_checking_imports_too() -> None:
 
 # Issue 33, item 1: base, hooks, owners and steps name LockBase, and lock names the managers, under
 # TYPE_CHECKING (eleven modules in one circle). Drop the mark once the layers go one way.
-@pytest.mark.xfail(strict=True, reason="issue 33: the TYPE_CHECKING circle through core.lock is not broken yet")
+@pytest.mark.xfail(strict=True, reason="the TYPE_CHECKING circle through core.lock is not broken yet")
 def test_no_import_cycle_through_type_imports() -> None:
     """Layers go one way, types included: an import under TYPE_CHECKING closes no circle either."""
     cycle = find_cycle(import_graph(deferred=True, types=True))
