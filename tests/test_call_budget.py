@@ -30,7 +30,7 @@ ROUNDS_PER_PAIR = 2
 #: each look at the sockets finds: medians seen under pytest on a busy machine were sync 515 to 557 and
 #: asyncio 684 to 800, so its budgets are the highest seen plus 5%, and the per-node budgets follow from
 #: them: (585 - 263) / 4 / 2 and (840 - 344) / 4 / 2.
-#: The merger lowers them as the engine refactors land, toward issue 33's targets: sync 100 (N=1) / 200
+#: They come down as the engine is reshaped, toward the targets: sync 100 (N=1) / 200
 #: (N=5), asyncio 160 / 330, 12 calls per node and round.
 NODE_ROUND = "per node and round"
 BUDGET: dict[tuple[str, object], float] = {
