@@ -175,7 +175,7 @@ class SentinelGroup:
 
     def state(self, port: int) -> dict[str, Any]:
         with self.client(port) as c:
-            return c.sentinel_master(SERVICE)  # type: ignore[no-any-return]
+            return c.execute_command("SENTINEL MASTER", SERVICE)  # type: ignore[no-any-return]
 
     def knows_replica(self, port: int) -> bool:
         with self.client(port) as c:

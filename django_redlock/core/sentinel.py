@@ -19,7 +19,7 @@ took this server for the master; a restarted Sentinel says "just now", which fai
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -86,7 +86,7 @@ class SentinelGroup:
         for sentinel in list(self.sentinels):
             try:
                 with redis.Redis(host=sentinel[0], port=sentinel[1], **self.kwargs) as client:
-                    state = client.sentinel_master(self.service)
+                    state = cast(Any, client).execute_command("SENTINEL", "MASTER", self.service)
             except Exception as exc:  # noqa: BLE001 - any failure: the next Sentinel
                 problems.append(f"{_address(sentinel)}: {self._why(exc)}")
                 continue
@@ -102,7 +102,7 @@ class SentinelGroup:
         for sentinel in list(self.sentinels):
             client = aredis.Redis(host=sentinel[0], port=sentinel[1], **_async_kwargs(self.kwargs))
             try:
-                state = await client.sentinel_master(self.service)
+                state = await cast(Any, client).execute_command("SENTINEL", "MASTER", self.service)
             except Exception as exc:  # noqa: BLE001 - any failure: the next Sentinel
                 problems.append(f"{_address(sentinel)}: {self._why(exc)}")
                 continue
@@ -162,9 +162,11 @@ class SentinelGroup:
     def _judge(self, state: Any) -> tuple[str, int, float | None] | str:
         """The master a Sentinel named (host, port, seconds since it took it for the master), or why not."""
         try:
-            if not state["is_master"]:
+            state = _fields(state)
+            flags = set(state["flags"].split(","))
+            if "master" not in flags:
                 return "no master for the service"
-            if state["is_sdown"] or state["is_odown"]:
+            if flags & {"s_down", "o_down"}:
                 return f"sees the master {printable(str(state['ip']))}:{printable(str(state['port']))} down"
             host, port = str(state["ip"]), int(state["port"])
         except (KeyError, TypeError, ValueError):
@@ -331,3 +333,14 @@ def from_pool(pool: Any, node_timeout: float, where: str, make: type[N]) -> N:
         return make(connection_class, kwargs, node_timeout=node_timeout, sentinel=group)
     except ValueError as exc:  # options redis-py refuses (already redacted): say which entry
         raise ValueError(f"{where}: {exc}") from None
+
+
+def _fields(reply: Any) -> dict[str, str]:
+    """SENTINEL MASTER's reply as text fields: RESP2 sends name, value, name, value...; RESP3 a map.
+    Read here rather than by redis-py, whose parser for it changed between the versions supported."""
+    pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+    return {_text(name): _text(value) for name, value in pairs}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
