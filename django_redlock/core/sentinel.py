@@ -338,7 +338,7 @@ def from_pool(pool: Any, node_timeout: float, where: str, make: type[N]) -> N:
 def _fields(reply: Any) -> dict[str, str]:
     """SENTINEL MASTER's reply as text fields: RESP2 sends name, value, name, value...; RESP3 a map.
     Read here rather than by redis-py, whose parser for it changed between the versions supported."""
-    pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2]))
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
     return {_text(name): _text(value) for name, value in pairs}
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "missing_library",
 ]
 
+
 def missing_library(exporter: str, library: str, error: ImportError) -> ImportError:
     """What ``django_redlock.metrics.<exporter>`` raises when its library is not installed: what to install."""
     return ImportError(

@@ -8,14 +8,20 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django_redlock.core.config import AcquireReport, NodeSeen
-from django_redlock.metrics import common
-from django_redlock.metrics.common import ACQUIRE_BUCKETS, HOLD_BUCKETS, NODE_BUCKETS, HeldLocks, MetricsHooks
+from django_redlock.metrics.common import (
+    ACQUIRE_BUCKETS,
+    HOLD_BUCKETS,
+    NODE_BUCKETS,
+    HeldLocks,
+    MetricsHooks,
+    missing_library,
+)
 
 try:
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise common.missing_library("opentelemetry", "opentelemetry-api", exc) from None
+    raise missing_library("opentelemetry", "opentelemetry-api", exc) from None
 
 __all__ = ["OpenTelemetryHooks"]
 
