@@ -152,9 +152,8 @@ def test_the_same_interleaving_replayed_on_the_core():
     another round, the release goes on a new one, and the vote's OK is read before the release's 0."""
     books = NodeBooks("n", node_timeout=0.05)
     key, value = "redlock:lock:r", "v1"
-    vote = Round([books], [("SET", key, value, "NX", "PX", 30000)], now=0.0, timeout=0.05)
-    kind, _, _ = vote.choose(0, 0.0)
-    assert kind == NEW
+    vote = Round([books], steps.Fan([("SET", key, value, "NX", "PX", 30000)]), now=0.0, timeout=0.05)
+    assert vote.open(0, 0.0, lambda conn, idle_for: True) == NEW
     voted = ConnState()
     vote.write(0, voted, 0.0)
     vote.written(0, voted, None, 0.0)
@@ -162,20 +161,20 @@ def test_the_same_interleaving_replayed_on_the_core():
         books.checkin(conn, vote.sent_at, 0.001)
     assert books.choose(None, True, 0.002)[:2] == (PARKED, voted)  # another round queues behind the vote
     fan = steps.release_fan(ManagerConfig(), 1, ["r"], value, quorum=1)
-    release = Round([books], fan.commands, now=0.003, timeout=0.05, **fan.options())
-    kind, _, _ = release.choose(0, 0.003)
-    assert kind == NEW  # the vote's connection is out: the release cannot queue behind it
+    release = Round([books], fan, now=0.003, timeout=0.05)
+    # The vote's connection is out: the release cannot queue behind it.
+    assert release.open(0, 0.003, lambda conn, idle_for: True) == NEW
     released = ConnState()
     release.write(0, released, 0.003)
-    books.read(voted, b"OK", 0.004)  # the vote ran after the release on the node...
-    books.read(released, 0, 0.005)  # ...whose 0 is read last
+    books.book(voted, b"OK", 0.004)  # the vote ran after the release on the node...
+    books.book(released, 0, 0.005)  # ...whose 0 is read last
     assert (key, value) in books.ledger.debts  # still owed: that 0 proves nothing
     release.finish(0.006)  # the release round is over: its debt is due as any other
-    ping = Round([books], [("PING",)], now=0.1, timeout=0.05)
+    ping = Round([books], steps.Fan([("PING",)]), now=0.1, timeout=0.05)
     later = ConnState()
     sent = ping.write(0, later, 0.1)  # the next command written to the node pays it, after the vote
     assert [c[0] for c in sent] == ["EVAL", "PING"]
-    books.read(later, 1, 0.101)
+    books.book(later, 1, 0.101)
     assert not books.ledger.debts
 
 
@@ -244,7 +243,7 @@ def test_the_noscript_interleaving_replayed_on_the_core():
     config = ManagerConfig()
     key, value = config.key("r"), "v1"
     vote_command = ("EVALSHA", ACQUIRE.sha, 3, key, "q", "p", value, 30000, "once", "", 0, 0, "w")
-    vote = Round([books], [vote_command], now=0.0, timeout=0.05, script=ACQUIRE)
+    vote = Round([books], steps.Fan([vote_command], script=ACQUIRE), now=0.0, timeout=0.05)
     voted = ConnState()
     voted.scripts.add(ACQUIRE.sha)  # it sent the script before: the vote goes as EVALSHA
     assert vote.write(0, voted, 0.0)[0][0] == "EVALSHA"
@@ -256,10 +255,10 @@ def test_the_noscript_interleaving_replayed_on_the_core():
         books.checkin(conn, vote.sent_at, 0.002)
     assert books.choose(None, True, 0.003)[:2] == (PARKED, voted)  # another round queues behind it
     fan = steps.release_fan(config, 1, ["r"], value, quorum=1)
-    release = Round([books], fan.commands, now=0.004, timeout=0.05, **fan.options())
+    release = Round([books], fan, now=0.004, timeout=0.05)
     released = ConnState()
     release.write(0, released, 0.004)  # on a new connection
-    books.read(released, 0, 0.005)  # ran on the node before the vote sent again
+    books.book(released, 0, 0.005)  # ran on the node before the vote sent again
     assert (key, value) in books.ledger.debts  # that 0 proves nothing
-    books.read(voted, b"OK", 0.006)
+    books.book(voted, b"OK", 0.006)
     assert not books.ledger.unanswered

@@ -365,7 +365,7 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
         # Do the Sentinels still name the master idle connections go to? (at most every RECHECK)
         await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
         now = clock.now()
-    rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
+    rnd = Round(books, fan, now=now, timeout=timeout)
     wake: list[asyncio.Future[None]] = [loop.create_future()]
 
     rnd.on_reply = lambda: _wake(wake[0])

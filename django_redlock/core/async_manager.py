@@ -264,17 +264,21 @@ class AsyncLockManager(ManagerBase):
         """Do what a step asks for, on the running loop: the one place the async engine meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
+            if effect.background:
+                # Runs to its end even if the caller is being cancelled.
+                task = asyncio.ensure_future(self._background(effect))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+                return None
             return self._fanned(effect, await afanout(self.anodes, *self._fan(effect)))
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
             return None
-        if kind is steps.Background:
-            # Runs to its end even if the caller is being cancelled.
-            task = asyncio.ensure_future(self._perform(effect.fan))
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
-            return None
-        return steps.answer(self.config, effect)
+        raise TypeError(f"unknown step effect {effect!r}")
+
+    async def _background(self, fan: steps.Fan) -> None:
+        """Run a background round to its end; nobody waits for its replies."""
+        self._fanned(fan, await afanout(self.anodes, *self._fan(fan)))
 
     def lock(
         self,

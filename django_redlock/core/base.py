@@ -355,7 +355,7 @@ def lost_error(resource: str, why: str) -> LockLost:
 
 
 class Attempts:
-    """One ``acquire()`` call's plan: validated arguments, the holder, its place in line, when to give up.
+    """One ``acquire()`` call's plan: its checked :class:`Request`, the holder, its place in line, when to give up.
 
     A blocking call takes a place in every node's waiting line, ordered by a
     ticket it picks once (its wall-clock start), and waits for a wake-up
@@ -364,26 +364,16 @@ class Attempts:
     Used by :func:`django_redlock.core.steps.acquire`; every time is passed in.
     """
 
-    def __init__(
-        self,
-        config: ManagerConfig,
-        resource: Any,
-        ttl: Any,
-        blocking: bool,
-        timeout: Any,
-        label: str | None,
-        now: float,
-        wall: int,
-    ) -> None:
+    def __init__(self, config: ManagerConfig, request: Request, now: float, wall: int) -> None:
         self.config = config
         #: The resources, sorted (several are taken all or nothing), and the name messages use.
-        self.resources = check_resources(resource)
-        self.resource = name_of(self.resources)
-        self.ttl = config.lock_ttl(ttl, config.ttl)
-        self.timeout = check_wait(blocking, timeout)
-        self.blocking = blocking
-        self.label = check_label(label) if label is not None else config.label
-        self.keys = tuple(config.key(r) for r in self.resources)
+        self.resources = resources = request.resources
+        self.resource = name_of(resources)
+        self.ttl = request.ttl
+        self.timeout = request.timeout
+        self.blocking = blocking = request.blocking
+        self.label = request.label
+        self.keys = tuple(config.key(r) for r in resources)
         self.key = self.keys[0]
         self.window = config.restart_window
         self._new_holder()

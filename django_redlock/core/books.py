@@ -248,10 +248,6 @@ class NodeBooks(Generic[C]):
         else:
             self.idle.append((conn, now))
 
-    def hold(self, conn: C, since: float) -> None:
-        """A connection written on whose replies are read in the background: parked until they are."""
-        self.parked.setdefault(conn, since)
-
     def give_up_stale(self, now: float) -> list[C]:
         """Drop the parked connections whose replies are overdue beyond the stale limit; returns
         them (for the driver to close)."""
@@ -298,13 +294,6 @@ class NodeBooks(Generic[C]):
 
     # -- writing and reading -------------------------------------------------------
 
-    def owe(
-        self, key: str, value: str, ttl: float, now: float, debt: Command, owing: ledger.Owing | None = None
-    ) -> None:
-        """A release of ``value`` is about to be written (by the round ``owing``): owe it (as ``debt``, see
-        :func:`~django_redlock.core.ledger.debt_command`) until it is proven done."""
-        self.ledger.owe(key, value, now + ttl + self.stale_limit, now, debt, owing)
-
     def prepare(
         self, conn: C, mine: Entry, window: float, now: float, block: tuple[tuple[str, ...], float] | None = None
     ) -> list[Command]:
@@ -340,39 +329,14 @@ class NodeBooks(Generic[C]):
 
     def book(self, conn: C, reply: Any, now: float, reader: Waiter | None = None) -> tuple[bool, Command | None]:
         """Book a reply read on ``conn`` at ``now`` (the time it was read: a probe's uptime is at
-        least that old then, never an earlier time), hand it to whoever waits for it, and file
-        the connection.
+        least that old then, never an earlier time): match it to the oldest entry on ``conn``,
+        settle, learn and note what it says, file the connection and hand the reply to whoever
+        waits for it.
 
         Returns whether it was ``reader``'s own reply, taken (the connection ``reader`` had
-        handed out then comes back), and the command to send now after a NOSCRIPT (see
-        :meth:`read`). Raises :class:`ValueError` for a reply nobody asked for.
-        """
-        entry, resend = self.read(conn, reply, now)
-        waiter = entry.waiter if resend is None else None
-        taken = waiter is not None and waiter is reader
-        # Filed first: a round that ends on this reply may start the next one at once.
-        parked = self.parked
-        if conn in parked:
-            if conn.expect:
-                parked[conn] = now  # progress
-            else:
-                del parked[conn]
-                self.idle.append((conn, now))
-        elif taken:
-            self.checkin(conn, now, now)
-        if waiter is not None:
-            if entry.kind == ledger.RELEASE:
-                reply = self.ledger.released(entry, reply)
-            waiter.take(entry, reply, now)
-        return taken, resend
-
-    def read(self, conn: C, reply: Any, now: float) -> tuple[Entry, Command | None]:
-        """Match a reply to the oldest entry on ``conn`` and book it.
-
-        Returns the entry and, when the reply was NOSCRIPT for a script, the
-        command to send now instead (its source; already booked as the new
-        entry, which is then returned). Raises :class:`ValueError` for a reply
-        nobody asked for.
+        handed out then comes back), and the command to send now when the reply was NOSCRIPT
+        for a script (its source, already booked; nobody is handed that reply). Raises
+        :class:`ValueError` for a reply nobody asked for.
         """
         if not conn.expect:
             raise ValueError("a reply nobody asked for")
@@ -400,24 +364,40 @@ class NodeBooks(Generic[C]):
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
         if isinstance(reply, Exception) and kind in (ledger.SET, ledger.OTHER):
             self._refused(conn, reply, now)
+        waiter = entry.waiter
+        resend = None
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
-            if entry.waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
-                plain = plain_extension(entry.retry)
-                if plain is None:
-                    return entry, None
-                again = Entry(ledger.EXTEND, entry.key, entry.value)  # a vote is never sent late
+            if waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
+                resend = plain_extension(entry.retry)
+                if resend is not None:
+                    conn.expect.append(Entry(ledger.EXTEND, entry.key, entry.value))  # a vote is never sent late
+            else:
+                # Send the script's source, once, in the same order (also when nobody waits any more).
+                again = ledger.after_noscript(entry)
                 conn.expect.append(again)
-                return again, plain
-            # Send the script's source, once, in the same order (also when nobody waits any more).
-            again = ledger.after_noscript(entry)
-            conn.expect.append(again)
-            if kind == ledger.SET:  # the vote is in flight again: a release elsewhere may run before it
-                self.ledger.set_sent(entry.key, entry.value)  # type: ignore[arg-type]
-            if entry.waiter is not None:
-                entry.waiter.replaced(entry, again, now)
-            return again, entry.retry
-        return entry, None
+                if kind == ledger.SET:  # the vote is in flight again: a release elsewhere may run before it
+                    self.ledger.set_sent(entry.key, entry.value)  # type: ignore[arg-type]
+                if waiter is not None:
+                    waiter.replaced(entry, again, now)
+                    waiter = None  # it waits for the source's reply instead
+                resend = entry.retry
+        taken = waiter is not None and waiter is reader
+        # Filed first: a round that ends on this reply may start the next one at once.
+        parked = self.parked
+        if conn in parked:
+            if conn.expect:
+                parked[conn] = now  # progress
+            else:
+                del parked[conn]
+                self.idle.append((conn, now))
+        elif taken:
+            self.checkin(conn, now, now)
+        if waiter is not None:
+            if kind == ledger.RELEASE:
+                reply = self.ledger.released(entry, reply)
+            waiter.take(entry, reply, now)
+        return taken, resend
 
     def _learn(self, conn: C, reply: Any, now: float) -> None:
         conn.probe_replies.append(reply)

@@ -34,6 +34,7 @@ __all__ = [
     "ManagerConfig",
     "NodeSeen",
     "Outcome",
+    "Request",
     "Resources",
     "call_hook",
     "check_arguments",
@@ -190,6 +191,29 @@ def check_wait(blocking: Any, timeout: Any) -> float | None:
             "attempt and never waits. Pass blocking=True to wait up to the timeout, or drop the timeout."
         )
     return seconds
+
+
+class Request:
+    """One acquire call's arguments, checked once by the public call (:meth:`ManagerConfig.request`):
+    what lies below (the call's plan, the acquire step) trusts them as they are."""
+
+    __slots__ = ("resources", "ttl", "blocking", "timeout", "label", "reentrant")
+
+    def __init__(
+        self,
+        resources: tuple[str, ...],
+        ttl: float,
+        blocking: bool,
+        timeout: float | None,
+        label: str | None,
+        reentrant: bool = False,
+    ) -> None:
+        self.resources = resources  # sorted, each once
+        self.ttl = ttl  # the manager's ttl when none was given
+        self.blocking = blocking
+        self.timeout = timeout
+        self.label = label  # the manager's label when none was given
+        self.reentrant = reentrant
 
 
 def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> float | None:
@@ -393,6 +417,17 @@ class ManagerConfig:
         prefixes = [self.wake_prefix(resource) for resource in resources]
         ticket = "" if keep is None else keep[0]
         return script_command(RELEASE, self.script_keys(resources), (value, place, life, ticket, *prefixes))
+
+    def request(
+        self, resource: Any, ttl: Any, blocking: Any, timeout: Any, label: Any, reentrant: Any = False
+    ) -> Request:
+        """An acquire call's arguments, checked (a ValueError names the first bad one)."""
+        resources = check_resources(resource)
+        reentrant = check_flag(reentrant, "reentrant")
+        checked_ttl = self.lock_ttl(ttl, self.ttl)
+        seconds = check_wait(blocking, timeout)
+        checked_label = check_label(label) if label is not None else self.label
+        return Request(resources, checked_ttl, blocking, seconds, checked_label, reentrant)
 
     def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
         """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""

@@ -1,4 +1,4 @@
-"""What is due on each connection and owed to each node, without doing I/O.
+"""The ledger: what is due on each connection (entries) and owed to each node (release debts). No I/O.
 
 - **Replies in order.** Every command written to a connection leaves an
   :class:`Entry` on that connection's queue; each reply read is matched to the
@@ -26,7 +26,6 @@ __all__ = [
     "LATE_WORTH_RUNNING",
     "MARK",
     "MAX_DEBTS",
-    "MINE",
     "OTHER",
     "PART",
     "PROBE_REPLY",
@@ -68,9 +67,6 @@ MARK = Kind.MARK
 #: Kinds worth running after their round has ended: a late release or extension only acts while
 #: its value still holds the key (a late vote could leave a key nobody holds).
 LATE_WORTH_RUNNING = (RELEASE, EXTEND)
-
-#: Marks the entry whose reply the current caller waits for.
-MINE = object()
 
 #: How many debts ride along with one command, at most.
 DEBTS_PER_WRITE = 32

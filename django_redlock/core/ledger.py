@@ -1,4 +1,4 @@
-"""What the engine must remember about each node and connection, without doing I/O.
+"""Each node's restart state: the probe, what it learned, the delayed-restart rule; the data-set token. No I/O.
 
 No sockets, no clock reads, no threads here: callers pass the time in and
 hold the node's mutex. The sync and asyncio drivers both keep their books
@@ -28,7 +28,6 @@ from django_redlock.core.entries import (
     EXTEND,
     LATE_WORTH_RUNNING,
     MAX_DEBTS,
-    MINE,
     OTHER,
     PART,
     PROBE_REPLY,
@@ -53,7 +52,6 @@ __all__ = [
     "EXTEND",
     "LATE_WORTH_RUNNING",
     "MAX_DEBTS",
-    "MINE",
     "OTHER",
     "PART",
     "PROBE",
@@ -231,7 +229,7 @@ class History:
     def __init__(self) -> None:
         self.last: Restart | None = None
         #: Monotonic time a reply was last read on a connection probed to ``last``'s server (the
-        #: books set it: see ``NodeBooks.read``), None: only its probe.
+        #: books set it: see ``NodeBooks.book``), None: only its probe.
         self.heard: float | None = None
         #: Monotonic time the last failover was noticed (it happened before), None: never.
         self.moved_at: float | None = None

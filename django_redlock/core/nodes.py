@@ -341,9 +341,9 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
             if node._pid != pid:
                 node._check_fork()
         with _all_mutexes(nodes):
-            rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
+            rnd = Round(books, fan, now=now, timeout=timeout)
     else:
-        rnd = Round(books, fan.commands, now=now, timeout=timeout, **fan.options())
+        rnd = Round(books, fan, now=now, timeout=timeout)
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
     packed = fan.packed  # every command of the round, encoded before any node was asked
     writing: tuple[Node, Wire] | None = None

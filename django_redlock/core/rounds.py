@@ -1,4 +1,4 @@
-"""One fan-out round, without I/O: the contract every driver keeps.
+"""One fan-out round and what describes it, without I/O: the contract every driver keeps.
 
 A :class:`Round` is a command per node, written to every node before any
 reply is awaited, judged reply by reply until the outcome is certain or the
@@ -7,7 +7,7 @@ node's result is; the node's books (:class:`~django_redlock.core.books.NodeBooks
 choose connections, book replies and file connections. A driver (sockets +
 poll, asyncio, the simulator) moves the bytes and reads the clock::
 
-    rnd = Round(books, commands, now=now, timeout=0.05, done=...)
+    rnd = Round(books, fan, now=now, timeout=0.05)  # fan: the round's Description (a steps.Fan)
     for i in range(len(books)):
         opened = rnd.open(i, now, usable)      # (conn, parked since, commands), NEW, or None
         ...if NEW: connect, then wire = rnd.write(i, conn, now), or rnd.connect_failed(i, reason, now)
@@ -24,7 +24,7 @@ callers that share books between threads hold a lock around these calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Literal, Union
+from typing import Any, Generic, Literal, Protocol, Union
 
 from django_redlock.core import ledger
 from django_redlock.core.books import (
@@ -35,7 +35,6 @@ from django_redlock.core.books import (
     NEW,
     PARKED,
     C,
-    Choice,
     Command,
     ConnState,
     Failure,
@@ -56,8 +55,8 @@ __all__ = [
     "MAX_PENDING",
     "NEW",
     "PARKED",
-    "Choice",
     "ConnState",
+    "Description",
     "Failure",
     "Granted",
     "NodeBooks",
@@ -96,39 +95,51 @@ Opened = Union[tuple[C, Union[float, None], list[Command]], Literal["new"]]
 Usable = Callable[[C, float], bool]
 
 
+class Description(Protocol):
+    """What a round is asked to do (a :class:`~django_redlock.core.steps.Fan`): the attributes it reads."""
+
+    @property
+    def commands(self) -> Sequence[Command | None]: ...
+    @property
+    def done(self) -> Done | None: ...
+    @property
+    def script(self) -> Script | None: ...
+    @property
+    def ordered_after_key(self) -> str | None: ...
+    @property
+    def allow_lagging(self) -> bool: ...
+    @property
+    def restart_window(self) -> float: ...
+    @property
+    def owe(self) -> tuple[str, str, float] | None: ...
+    @property
+    def block(self) -> tuple[tuple[str, ...], float] | None: ...
+    @property
+    def timings(self) -> list[float | None] | None: ...
+
+
 class Round(Generic[C]):
     """One fan-out: a command per node, all written before any reply is awaited.
 
     ``done(results)`` says when the outcome is certain (results still pending
     are None); then the replies already there are read and the rest is left to
-    the books. With ``restart_window``, replies are votes and the
-    delayed-restart rule applies (an extension's are not: the rule decides
+    the books. ``fan`` (a :class:`Description`) says the rest: with ``restart_window``, replies are
+    votes and the delayed-restart rule applies (an extension's are not: the rule decides
     where it may re-create a key, see ``NodeBooks.recreating``). With ``owe=(key, value, ttl)``, every node
     owes the release of that value first (see :class:`~django_redlock.core.ledger.Ledger`).
     """
 
-    def __init__(
-        self,
-        books: Sequence[NodeBooks[C]],
-        commands: Sequence[Command | None],
-        *,
-        now: float,
-        timeout: float,
-        done: Done | None = None,
-        script: Script | None = None,
-        ordered_after_key: str | None = None,
-        allow_lagging: bool = True,
-        restart_window: float = 0.0,
-        timings: list[float | None] | None = None,
-        owe: tuple[str, str, float] | None = None,
-        block: tuple[tuple[str, ...], float] | None = None,
-    ) -> None:
+    def __init__(self, books: Sequence[NodeBooks[C]], fan: Description, *, now: float, timeout: float) -> None:
+        commands = fan.commands
+        script = fan.script
+        block = fan.block
+        restart_window = fan.restart_window
         self.books = books
         self.commands = commands
         self.sent_at = now
         if block is not None:
             timeout += quiet_for(block)  # each node's vote comes after its wait in line
-        self.done = done
+        self.done = fan.done
         self.script = script
         first = next((c for c in commands if c is not None), None)
         if script is RELEASE:
@@ -140,11 +151,11 @@ class Round(Generic[C]):
         else:
             self.kind = ledger.OTHER
         self.block = block
-        self.ordered_after_key = ordered_after_key
-        self.allow_lagging = allow_lagging
+        self.ordered_after_key = fan.ordered_after_key
+        self.allow_lagging = fan.allow_lagging
         self.window = restart_window
         self.vote_window = vote_window(script, restart_window)
-        self.timings = timings
+        self.timings = fan.timings
         self.results: list[Any] = [None] * len(books)
         self.waiting: dict[Entry, tuple[int, C]] = {}  # our entry -> (node index, connection)
         self._mine: list[Entry | None] = [None] * len(books)  # node index -> the entry write() booked
@@ -159,6 +170,7 @@ class Round(Generic[C]):
         self.on_reply: Callable[[], None] | None = None
         #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.ledger.Owing`).
         self.owing: ledger.Owing | None = None
+        owe = fan.owe
         if owe is not None:
             self.owing = ledger.Owing()
             key, value, ttl = owe
@@ -168,17 +180,26 @@ class Round(Generic[C]):
                     debt = debts.get(id(command))
                     if debt is None:
                         debt = debts[id(command)] = ledger.debt_command(command, RELEASE.source)
-                    book.owe(key, value, ttl, now, debt, self.owing)
+                    # Owed until proven done, or until the key has surely expired.
+                    book.ledger.owe(key, value, now + ttl + book.stale_limit, now, debt, self.owing)
 
     def open(self, i: int, now: float, usable: Usable[C]) -> Opened[C] | None:
         """Node ``i``'s connection for this round, chosen and its commands booked: ``(conn, parked
         since, commands)``; :data:`NEW` when the driver must connect first (then :meth:`write`, or
         :meth:`connect_failed`); None when the node already has its result (skipped, unavailable)."""
+        command = self.commands[i]
+        if command is None:
+            self.results[i] = Failure(SKIPPED)
+            return None
+        book = self.books[i]
+        # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
+        after = pair_of(command) if self.ordered_after_key is not None and self.kind == ledger.RELEASE else None
         while True:
-            choice = self.choose(i, now)
-            if choice is None:
+            try:
+                kind, conn, since = book.choose(after, self.allow_lagging, now)
+            except NodeUnavailable as exc:
+                self.results[i] = Failure(str(exc))
                 return None
-            kind, conn, since = choice
             if kind == NEW or conn is None or since is None:
                 return NEW
             if kind == PARKED:
@@ -186,20 +207,6 @@ class Round(Generic[C]):
             # A connection idle for a while may have been closed by a restart: the driver looks.
             if usable(conn, now - since):
                 return conn, None, self.write(i, conn, now)
-
-    def choose(self, i: int, now: float) -> tuple[Choice, C | None, float | None] | None:
-        """Where node ``i``'s command goes; None when the node already has its result."""
-        if self.commands[i] is None:
-            self.results[i] = Failure(SKIPPED)
-            return None
-        after = None
-        if self.ordered_after_key is not None and self.kind == ledger.RELEASE:
-            after = pair_of(self.commands[i])  # type: ignore[arg-type]
-        try:
-            return self.books[i].choose(after, self.allow_lagging, now)
-        except NodeUnavailable as exc:
-            self.results[i] = Failure(str(exc))
-            return None
 
     def connect_failed(self, i: int, reason: str, now: float) -> None:
         self.books[i].connect_failed(reason, now)
@@ -223,7 +230,7 @@ class Round(Generic[C]):
                 retry = self._sources[command] = ("EVAL", script.source, *command[2:])
             if script.sha not in conn.scripts:
                 # A round may end at a quorum, and a NOSCRIPT read after that is answered with the
-                # source only where that is worth it (see NodeBooks.read): on a connection that
+                # source only where that is worth it (see NodeBooks.book): on a connection that
                 # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
@@ -271,8 +278,8 @@ class Round(Generic[C]):
             self.results[i] = Failure(QUEUED)
             return False
         books = self.books[i]
-        if books.background_reads:
-            books.hold(conn, now if parked_since is None else parked_since)
+        if books.background_reads:  # its replies are read in the background: parked until they are
+            books.parked.setdefault(conn, now if parked_since is None else parked_since)
         return True
 
     def _queued(self, i: int, conn: C, parked_since: float, now: float) -> bool:

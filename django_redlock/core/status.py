@@ -11,7 +11,7 @@ from django_redlock.core import clock, ledger
 from django_redlock.core.base import ManagerConfig, NodeSeen
 from django_redlock.core.records import NodeStatus
 from django_redlock.core.rounds import NOT_AWAITED, QUEUED, SKIPPED, Failure, describe_error
-from django_redlock.core.steps import NOW, Fan, Step
+from django_redlock.core.steps import Fan, Step
 
 if TYPE_CHECKING:
     from django_redlock.core.nodes import Node
@@ -23,7 +23,7 @@ def node_status(config: ManagerConfig, nodes: Sequence[Node], timeout: float) ->
     """Send every node the restart probe and judge its vote as the engine would (see :func:`status_of`)."""
     timings: list[float | None] = [None] * len(nodes)
     results = yield Fan([ledger.PROBE] * len(nodes), timeout=timeout, timings=timings)
-    read = yield NOW
+    read = config.clock()
     return [status_of(*row, config.restart_window, read) for row in zip(nodes, results, timings)]
 
 

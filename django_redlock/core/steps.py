@@ -1,20 +1,19 @@
 """The Redlock operations as steps: generators that yield what they need and decide everything else.
 
-An operation never touches a socket or a clock. It yields an effect and is
-resumed with its result:
+An operation never touches a socket, and reads clocks only from its config
+(``config.clock()``, ``config.wall_us()``; the simulator sets its own). It yields
+an effect and is resumed with its result:
 
 - :class:`Fan` -> the list of per-node results of one :class:`~django_redlock.core.rounds.Round`;
-- :data:`NOW` -> the monotonic time; :data:`WALL` -> the wall clock in microseconds;
-- :class:`Sleep` -> None, after that many seconds;
-- :class:`Background` -> None at once; the fan-out inside runs to its end even
-  if the caller is cancelled (the sync driver just runs it).
+  with ``background``, None at once: the round runs to its end even if the caller is
+  cancelled (the sync driver just runs it);
+- :class:`Sleep` -> None, after that many seconds.
 
 If performing an effect raises (a signal, a cancellation), the exception is
 thrown into the operation, which may yield cleanup steps before it re-raises.
 Every operation that talks to the nodes is a step. A manager drives one through its
 ``_perform(effect)``, the one place where effects meet I/O: :class:`Run` holds the step
-between effects, :func:`answer` gives :data:`NOW` and :data:`WALL` from the manager's
-config, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
+between effects, :func:`run_sync` is the sync driver and ``AsyncLockManager._run`` the asyncio one.
 The test suite's simulator gives a manager a ``_perform`` of its own.
 """
 
@@ -35,15 +34,11 @@ if TYPE_CHECKING:
     from django_redlock.core.records import ForcedRelease
 
 __all__ = [
-    "NOW",
-    "WALL",
-    "Background",
     "Fan",
     "Run",
     "Sleep",
     "acquire",
     "adopt",
-    "answer",
     "ask",
     "check_owned",
     "extend",
@@ -71,6 +66,7 @@ class Fan:
         "block",
         "timings",
         "packed",
+        "background",
     )
 
     def __init__(
@@ -86,6 +82,7 @@ class Fan:
         owe: tuple[str, str, float] | None = None,
         block: tuple[tuple[str, ...], float] | None = None,
         timings: list[float | None] | None = None,
+        background: bool = False,
     ) -> None:
         self.commands = commands
         self.timeout = timeout  # None: the node timeout
@@ -100,23 +97,12 @@ class Fan:
         #: Each command encoded, before any node is asked: one that cannot be raises here, the
         #: caller's error, never a node's (the drivers take the bytes from it).
         self.packed = pack_each(commands)
+        self.background = background  # the driver answers None at once and runs the round to its end
 
     @property
     def vote_window(self) -> float:
         """The restart window its replies are judged under as votes (see :func:`rounds.vote_window`)."""
         return rounds.vote_window(self.script, self.restart_window)
-
-    def options(self) -> dict[str, Any]:
-        return {
-            "done": self.done,
-            "script": self.script,
-            "ordered_after_key": self.ordered_after_key,
-            "allow_lagging": self.allow_lagging,
-            "restart_window": self.restart_window,
-            "owe": self.owe,
-            "block": self.block,
-            "timings": self.timings,
-        }
 
 
 class Sleep:
@@ -125,16 +111,6 @@ class Sleep:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-
-class Background:
-    __slots__ = ("fan",)
-
-    def __init__(self, fan: Fan) -> None:
-        self.fan = fan
-
-
-NOW = "now"
-WALL = "wall"
 
 Step = Generator[Any, Any, Any]
 
@@ -149,6 +125,7 @@ def release_fan(
     only: Sequence[bool] | None = None,
     keep: tuple[int, int] | None = None,
     quorum: int | None = None,
+    background: bool = False,
 ) -> Fan:
     """Release ``value`` on every node, or those marked in ``only``; leave the lines with ``place``,
     or with ``keep`` = (ticket, lifetime ms), keep the place (a call that goes on waiting).
@@ -168,6 +145,7 @@ def release_fan(
         ordered_after_key=key,
         allow_lagging=False,
         owe=(key, value, ttl or config.max_ttl),
+        background=background,
     )
 
 
@@ -179,20 +157,16 @@ def acquire(
     config: base.ManagerConfig,
     quorum: int,
     names: Sequence[str],
-    resource: Any,
-    ttl: Any,
-    blocking: bool,
-    timeout: Any,
-    label: str | None,
+    request: base.Request,
     note: Callable[[], str] | None = None,
 ) -> Step:
-    """Acquire ``resource``: returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
+    """Acquire what ``request`` asks for (checked by the public call): returns the winning :class:`~django_redlock.core.base.Attempts`, or raises LockNotAcquired.
 
     A blocking call waits in every node's line between votes; see
     :class:`~django_redlock.core.base.Attempts`.
     """
     total = len(names)
-    plan = base.Attempts(config, resource, ttl, blocking, timeout, label, (yield NOW), (yield WALL))
+    plan = base.Attempts(config, request, config.clock(), config.wall_us())
     # A non-blocking call stops as soon as the outcome is certain (a lost majority fails in
     # milliseconds); a call that waits in line hears every node out when it fails.
     done = base.until_outcome(quorum, total) if plan.mode == "once" else base.granted_or_all(quorum)
@@ -208,13 +182,13 @@ def acquire(
                 restart_window=plan.window,
                 block=(plan.wake, plan.slice) if plan.mode == "wait" else None,
             )
-            now = yield NOW
+            now = config.clock()
             won = plan.won(results, started, quorum, now)
             if won:
                 top_up = plan.top_up()
                 if top_up is not None:
                     command, timeout = top_up
-                    started = yield NOW
+                    started = config.clock()
                     replies = yield Fan(
                         [command] * total,
                         timeout=timeout,
@@ -222,7 +196,7 @@ def acquire(
                         script=EXTEND,
                         allow_lagging=False,
                     )
-                    now = yield NOW
+                    now = config.clock()
                     plan.topped_up(replies, started, quorum, now)
                     won = plan.validity > 0  # a provisional grant can run out while it is extended
             if won:
@@ -248,15 +222,15 @@ def acquire(
             plan.renew()
             if pause > 0:
                 yield Sleep(pause)
-            started = yield NOW
+            started = config.clock()
         except GeneratorExit:
             raise  # the step was abandoned (garbage collected): nothing to drive a release with
         except BaseException:
             # Interrupted (a signal, a cancellation), during a vote, a release or the pause between
             # votes: release what may have been set, and leave the line.
-            yield Background(release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan)))
+            yield release_fan(config, total, plan.resources, plan.value, plan.ttl, _place(plan), background=True)
             if timed:
-                base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
+                base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
             raise
     command, script = plan.ttl_command()
     try:
@@ -265,14 +239,14 @@ def acquire(
         raise
     except BaseException:
         if timed:
-            base.call_hook(config.hooks, "acquire_finished", plan.report("error", (yield NOW)))
+            base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
         raise
     held = base.holders_of(plan.resources, ttls, quorum, plan.value)
     error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "", held)
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     if timed:
         outcome: base.Outcome = "no_quorum" if isinstance(error, QuorumUnavailable) else "locked"
-        base.call_hook(config.hooks, "acquire_finished", plan.report(outcome, (yield NOW)))
+        base.call_hook(config.hooks, "acquire_finished", plan.report(outcome, config.clock()))
     raise error
 
 
@@ -280,7 +254,7 @@ def adopt(config: base.ManagerConfig, quorum: int, names: Sequence[str], resourc
     """Read the lock keys of a hand-off; returns ``(adoption, started, seconds held)``. See :class:`~django_redlock.core.adoption.Adoption`."""
     adoption = Adoption(config, resource, token)
     total = len(names)
-    started = yield NOW
+    started = config.clock()
     replies = yield Fan(
         [adoption.command()] * total,
         done=base.until_outcome(quorum, total, lambda r: adoption.kept(r) is not None),
@@ -303,8 +277,8 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
     counted = not automatic
     new_ttl = lock._check_extendable(ttl, counted)
     old_deadline = lock._deadline
-    started = yield NOW
     config = lock.manager.config
+    started = config.clock()
     # A node that lost the key (a restart, an expiry while it was stopped) gets it back where a vote
     # would count: the rule's window probes each new connection, as a vote's does.
     command = base.extend_command(lock.keys, lock.value, new_ttl, config.dataset_key, recreate=True)
@@ -326,7 +300,7 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
         # came) and the extension may still set the keys; the release goes behind it on each node.
         unsure = [again or reply is None or isinstance(reply, rounds.Failure) for again, reply in zip(healed, results)]
         if lock.lost and any(unsure):
-            yield Background(release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure))
+            yield release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure, background=True)
         raise
     if any(healed):
         nodes = lock.manager.node_list
@@ -348,7 +322,7 @@ def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -
         script=FENCE_READ,
         restart_window=window,
     )
-    token = base.next_fence(reads, quorum, lock.resource, (yield WALL))
+    token = base.next_fence(reads, quorum, lock.resource, config.wall_us())
     command = script_command(FENCE_RAISE, fence_keys, (token, *guard))
     writes = yield Fan(
         [command] * total,
@@ -382,7 +356,8 @@ def release(lock: LockBase) -> Step:
     except BaseException:
         # Released all the same: the round runs to its end in the background, unjudged.
         base.call_hook(manager.config.hooks, "released", lock)
-        yield Background(fan)
+        fan.background = True
+        yield fan
         raise
     return lock._judge_release(results)
 
@@ -476,15 +451,6 @@ def handing_over(call: Callable[..., _T], *args: Any) -> _T:
         return call(*args)
     finally:
         calls.depth = outer  # first, no call before it
-
-
-def answer(config: base.ManagerConfig, effect: Any) -> Any:
-    """The effects every driver answers alike, without I/O: :data:`NOW` and :data:`WALL`."""
-    if effect is NOW:
-        return config.clock()
-    if effect is WALL:
-        return config.wall_us()
-    raise TypeError(f"unknown step effect {effect!r}")
 
 
 class Run:

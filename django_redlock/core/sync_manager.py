@@ -82,18 +82,16 @@ class ManagerBase:
     def _acquiring(
         self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None, reentrant: bool
     ) -> tuple[Any, steps.Step | None]:
-        """The caller's own lock re-entered, or the step that acquires ``resource``."""
-        resources = base.check_resources(resource)
-        if base.check_flag(reentrant, "reentrant"):
-            # Entering returns before the step would check the rest: check it here (only here).
-            base.check_wait(blocking, timeout)
-            self.config.lock_ttl(ttl, self.config.ttl)
-            base.check_label(label)
+        """The caller's own lock re-entered, or the step that acquires ``resource``; the arguments
+        are checked here, once."""
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+        resources = request.resources
+        if request.reentrant:
             held = self._held.enter(resources)
             if held is not None:
                 return held, None
         note = functools.partial(self._held.note, resources)
-        return None, steps.acquire(self.config, self.quorum, self.nodes, resources, ttl, blocking, timeout, label, note)
+        return None, steps.acquire(self.config, self.quorum, self.nodes, request, note)
 
     @staticmethod
     def _keeping(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:
@@ -357,14 +355,12 @@ class LockManager(ManagerBase):
         meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            return self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
+            results = self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
+            return None if effect.background else results  # nothing to cancel here: a background round runs now
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
             return None
-        if kind is steps.Background:  # nothing to cancel the caller here: run it now
-            self._perform(effect.fan)
-            return None
-        return steps.answer(self.config, effect)
+        raise TypeError(f"unknown step effect {effect!r}")
 
     def lock(
         self,

@@ -23,7 +23,8 @@ def config(**options: object) -> base.ManagerConfig:
 
 
 def plan(blocking: bool = True, timeout: float | None = 5.0, **options: object) -> base.Attempts:
-    return base.Attempts(config(**options), "a", None, blocking, timeout, None, now=100.0, wall=1)
+    made = config(**options)
+    return base.Attempts(made, made.request("a", None, blocking, timeout, None), now=100.0, wall=1)
 
 
 def test_the_deadline_and_first_mode_follow_blocking_and_timeout() -> None:
@@ -132,7 +133,8 @@ def test_a_vote_in_line_is_granted_provisionally_and_extended() -> None:
 
 
 def test_a_ttl_below_the_provisional_one_is_granted_whole() -> None:
-    attempt = base.Attempts(config(), "a", 0.5, True, 5.0, None, now=100.0, wall=1)
+    made = config()
+    attempt = base.Attempts(made, made.request("a", 0.5, True, 5.0, None), now=100.0, wall=1)
     attempt.mode = "wait"
     assert attempt.vote()[4 + 3] == base.ms(0.5)
     attempt.won([Granted(OK, 0.0)] * 3 + [None] * 2, 100.0, QUORUM, 100.01)

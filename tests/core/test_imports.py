@@ -55,14 +55,17 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(body: list[ast.stmt], deferred: bool) -> list[ast.Import | ast.ImportFrom]:
+def _runtime_imports(
+    body: list[ast.stmt], deferred: bool, types: bool = False
+) -> list[ast.Import | ast.ImportFrom]:
     """The imports run when the module loads (inside try/if/with/class too, never under TYPE_CHECKING),
-    and with ``deferred`` also those inside functions, run on first call."""
+    with ``deferred`` also those inside functions, run on first call, and with ``types`` also those
+    under TYPE_CHECKING (a type checker's imports)."""
     found: list[ast.Import | ast.ImportFrom] = []
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not types:
             found += _runtime_imports(node.orelse, deferred)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not deferred:
             continue
@@ -70,8 +73,10 @@ def _runtime_imports(body: list[ast.stmt], deferred: bool) -> list[ast.Import | 
             for field in ("body", "orelse", "finalbody", "handlers"):
                 block = getattr(node, field, None)
                 if isinstance(block, list):
-                    found += _runtime_imports([n for n in block if isinstance(n, ast.stmt)], deferred)
-                    found += [i for h in block if isinstance(h, ast.ExceptHandler) for i in _runtime_imports(h.body, deferred)]
+                    found += _runtime_imports([n for n in block if isinstance(n, ast.stmt)], deferred, types)
+                    found += [
+                        i for h in block if isinstance(h, ast.ExceptHandler) for i in _runtime_imports(h.body, deferred, types)
+                    ]
     return found
 
 
@@ -81,14 +86,15 @@ def _parents(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph(deferred: bool = False) -> dict[str, set[str]]:
+def import_graph(deferred: bool = False, types: bool = False) -> dict[str, set[str]]:
     """django_redlock's modules and the modules of the package each one imports (a submodule's import
-    loads its packages' ``__init__`` first, so those count too)."""
+    loads its packages' ``__init__`` first, so those count too, but not with ``types``); ``deferred``
+    and ``types`` as for :func:`_runtime_imports`."""
     files = {_module_of(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(path.read_text(), str(path)).body, deferred):
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path)).body, deferred, types):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -100,7 +106,9 @@ def import_graph(deferred: bool = False) -> dict[str, set[str]]:
                 # ``from pkg import sub`` imports the submodule; ``from pkg import name`` the package.
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
             for target in targets:
-                graph[name] |= {t for t in (*_parents(target), target) if t in files and t != name}
+                # A type checker loads no package before its submodule: with ``types``, the modules named only.
+                loaded = (target,) if types else (*_parents(target), target)
+                graph[name] |= {t for t in loaded if t in files and t != name}
     return graph
 
 
@@ -155,4 +163,20 @@ def test_no_import_cycle() -> None:
 def test_no_import_cycle_through_deferred_imports() -> None:
     """An import inside a function only hides a cycle until that function runs."""
     cycle = find_cycle(import_graph(deferred=True))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_type_graph_reads_type_checking_imports_too() -> None:
+    source = ast.parse("import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\n").body
+    assert [n.names[0].name for n in _runtime_imports(source, deferred=True, types=True)] == ["a", "b", "c"]
+    graph = import_graph(deferred=True, types=True)
+    assert "django_redlock.core" not in graph["django_redlock.core.steps"]  # no package loads first for types
+
+
+# Issue 33, item 1: base, hooks, owners and steps name LockBase, and lock names the managers, under
+# TYPE_CHECKING (eleven modules in one circle). Drop the mark once the layers go one way.
+@pytest.mark.xfail(strict=True, reason="the TYPE_CHECKING circle through core.lock is not broken yet")
+def test_no_import_cycle_through_type_imports() -> None:
+    """Layers go one way, types included: an import under TYPE_CHECKING closes no circle either."""
+    cycle = find_cycle(import_graph(deferred=True, types=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

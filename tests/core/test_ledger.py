@@ -156,12 +156,13 @@ def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() ->
     entry = ledger.entry_for(command, ledger.EXTEND, None, retry=command)
     books.prepare(conn, entry, 0.0, 0.0)
     assert books.ledger.unanswered == {("redlock:lock:r", VALUE): 1}
-    again, resend = books.read(conn, NoScriptError("NOSCRIPT"), 0.01)  # nobody waits any more
+    taken, resend = books.book(conn, NoScriptError("NOSCRIPT"), 0.01)  # nobody waits any more
     assert books.ledger.unanswered == {}
-    assert again.kind == ledger.EXTEND and resend is not None
+    (again,) = conn.expect
+    assert not taken and again.kind == ledger.EXTEND and resend is not None
     assert resend[:-3] == command[:-3] and resend[-3] == "" and resend[-2:] == command[-2:]
-    assert books.read(conn, 1, 0.015) == (again, None)  # the plain extension's reply
+    assert books.book(conn, 1, 0.015) == (False, None) and not conn.expect  # the plain extension's reply
     # A vote (or another script) answered NOSCRIPT late is not sent again.
     vote = Entry(SET, "k", VALUE, 1.0, retry=("EVAL", "return 1", 0))
     books.prepare(conn, vote, 0.0, 0.0)
-    assert books.read(conn, NoScriptError("NOSCRIPT"), 0.02) == (vote, None)
+    assert books.book(conn, NoScriptError("NOSCRIPT"), 0.02) == (False, None) and not conn.expect

@@ -74,7 +74,8 @@ def start(n: int, commands: Any = None, now: float = 0.0, connect: bool = True, 
 ]:
     books: list[NodeBooks[FakeConn]] = [NodeBooks(f"n{i}", node_timeout=0.05) for i in range(n)]
     driver = FakeDriver(books)
-    rnd: Round[FakeConn] = Round(books, commands or [VOTE] * n, now=now, timeout=0.05, **options)
+    fan = commands if isinstance(commands, steps.Fan) else steps.Fan(commands or [VOTE] * n, **options)
+    rnd: Round[FakeConn] = Round(books, fan, now=now, timeout=0.05)
     for i in range(n):
         opened = rnd.open(i, now, lambda conn, idle_for: True)
         assert opened == NEW  # fresh books: no connection yet
@@ -154,10 +155,10 @@ def test_a_broken_connection_fails_its_node_and_the_books_drop_it() -> None:
 def test_a_failed_connect_cools_the_node_off() -> None:
     driver, rnd = start(1, connect=False)
     assert rnd.results == [Failure("connection refused")]
-    again: Round[FakeConn] = Round(driver.books, [VOTE], now=0.1, timeout=0.05)
+    again: Round[FakeConn] = Round(driver.books, steps.Fan([VOTE]), now=0.1, timeout=0.05)
     assert again.open(0, 0.1, lambda conn, idle_for: True) is None  # within the cool-off: not tried
     assert again.results == [Failure("connection refused")]
-    later: Round[FakeConn] = Round(driver.books, [VOTE], now=COOL_OFF, timeout=0.05)
+    later: Round[FakeConn] = Round(driver.books, steps.Fan([VOTE]), now=COOL_OFF, timeout=0.05)
     assert later.open(0, COOL_OFF, lambda conn, idle_for: True) == NEW
 
 
@@ -171,7 +172,7 @@ def test_an_unusable_idle_connection_is_passed_over() -> None:
         closed.append(conn)
         return False
 
-    ping: Round[FakeConn] = Round(driver.books, [("PING",)], now=1.0, timeout=0.05)
+    ping: Round[FakeConn] = Round(driver.books, steps.Fan([("PING",)]), now=1.0, timeout=0.05)
     assert ping.open(0, 1.0, usable) == NEW
     assert closed == [driver.conns[0]] and not driver.books[0].idle
 
@@ -183,7 +184,7 @@ def test_a_release_queues_behind_its_own_vote_on_the_parked_connection() -> None
     books = driver.books[0]
     books.checkin(voted, vote.sent_at, 0.001)
     fan = steps.release_fan(ManagerConfig(), 1, ["r"], VALUE, quorum=1)
-    release: Round[FakeConn] = Round(driver.books, fan.commands, now=0.002, timeout=0.05, **fan.options())
+    release: Round[FakeConn] = Round(driver.books, fan, now=0.002, timeout=0.05)
     opened = release.open(0, 0.002, lambda conn, idle_for: True)
     assert opened != NEW and opened is not None
     conn, since, wire = opened
@@ -199,7 +200,7 @@ def test_a_release_queues_behind_its_own_vote_on_the_parked_connection() -> None
 
 def test_a_release_debt_rides_along_with_the_next_command() -> None:
     fan = steps.release_fan(ManagerConfig(), 1, ["r"], VALUE, quorum=1)
-    driver, release = start(1, fan.commands, **fan.options())
+    driver, release = start(1, fan)
     books = driver.books[0]
     assert (KEY, VALUE) in books.ledger.debts  # owed from the moment it is written
     release.wait_time(0.0)
@@ -207,7 +208,7 @@ def test_a_release_debt_rides_along_with_the_next_command() -> None:
     assert (KEY, VALUE) in books.ledger.debts
     assert release.wait_time(0.01) is None
     release.finish(0.01)  # the round is over: its debt is due as any other
-    ping: Round[FakeConn] = Round(driver.books, [("PING",)], now=0.1, timeout=0.05)
+    ping: Round[FakeConn] = Round(driver.books, steps.Fan([("PING",)]), now=0.1, timeout=0.05)
     assert ping.open(0, 0.1, lambda conn, idle_for: True) == NEW
     conn = driver.connect_and_send(ping, 0, 0.1)
     assert [c[0] for c in conn.sent] == ["EVAL", "PING"]  # the debt is paid first, as EVAL (no NOSCRIPT)
@@ -224,7 +225,7 @@ def test_noscript_sends_the_source_and_the_round_waits_for_that_reply() -> None:
     conn = FakeConn()
     conn.scripts.add(RELEASE.sha)  # the script went out on this connection before
     books[0].checkin(conn, 0.0, 0.0)
-    release: Round[FakeConn] = Round(books, fan.commands, now=0.0, timeout=0.05, **fan.options())
+    release: Round[FakeConn] = Round(books, fan, now=0.0, timeout=0.05)
     opened = release.open(0, 0.0, lambda conn, idle_for: True)
     assert opened != NEW and opened is not None and opened[2][0][0] == "EVALSHA"
     driver.send(release, 0, *opened, 0.0)
@@ -252,7 +253,7 @@ def test_the_restart_probe_goes_first_on_a_new_connection(uptime: int, votes: bo
     else:
         assert isinstance(rnd.results[0], Failure) and ledger.DELAYED_RESTART in str(rnd.results[0])
     # The probe went once: the connection's next vote goes alone.
-    again: Round[FakeConn] = Round(driver.books, [VOTE], now=0.01, timeout=0.05, restart_window=30.0)
+    again: Round[FakeConn] = Round(driver.books, steps.Fan([VOTE], restart_window=30.0), now=0.01, timeout=0.05)
     opened = again.open(0, 0.01, lambda conn, idle_for: True)
     assert opened != NEW and opened is not None and [c[0] for c in opened[2]] == ["SET"]
 
@@ -260,12 +261,12 @@ def test_the_restart_probe_goes_first_on_a_new_connection(uptime: int, votes: bo
 def test_background_reads_keep_a_written_connection_parked_until_nothing_is_due() -> None:
     books: list[NodeBooks[FakeConn]] = [NodeBooks("n0", node_timeout=0.05, background_reads=True)]
     driver = FakeDriver(books)
-    rnd: Round[FakeConn] = Round(books, [VOTE], now=0.0, timeout=0.05)
+    rnd: Round[FakeConn] = Round(books, steps.Fan([VOTE]), now=0.0, timeout=0.05)
     assert rnd.open(0, 0.0, lambda conn, idle_for: True) == NEW
     conn = driver.connect_and_send(rnd, 0, 0.0)
     assert books[0].parked == {conn: 0.0}  # its replies are read in the background, whoever waits
     assert books[0].choose(None, True, 0.001)[:2] == (PARKED, conn)  # another round may queue behind it
-    books[0].hold(conn, 0.001)
+    books[0].parked[conn] = 0.001  # written on by that round: parked until its replies are read
     assert not driver.reply(0, OK, 0.002)  # read in the background: taken by the waiting round
     assert rnd.results == [OK]
     assert not books[0].parked and books[0].idle == [(conn, 0.002)]
@@ -278,7 +279,7 @@ def test_stale_and_lagging_parked_connections() -> None:
     (_, conn), = rnd.finish(0.0)
     books = driver.books[0]
     books.checkin(conn, 0.0, 0.0)
-    strict: Round[FakeConn] = Round(driver.books, [("PING",)], now=0.1, timeout=0.05, allow_lagging=False)
+    strict: Round[FakeConn] = Round(driver.books, steps.Fan([("PING",)], allow_lagging=False), now=0.1, timeout=0.05)
     assert strict.open(0, 0.1, lambda conn, idle_for: True) is None
     assert "no reply to an earlier command" in str(strict.results[0])
     assert books.give_up_stale(0.5) == []  # overdue, but not beyond the stale limit
@@ -307,8 +308,8 @@ def _first_vote(token: bytes, run_id: str = "abc") -> tuple[FakeDriver, Round[Fa
 
 
 def _vote_again(driver: FakeDriver, now: float) -> tuple[Round[FakeConn], tuple[Any, ...]]:
-    rnd: Round[FakeConn] = Round(driver.books, [GUARDED_VOTE], now=now, timeout=0.05, restart_window=30.0,
-                                 script=scripts.VOTE)
+    rnd: Round[FakeConn] = Round(driver.books, steps.Fan([GUARDED_VOTE], restart_window=30.0,
+                                 script=scripts.VOTE), now=now, timeout=0.05)
     opened = rnd.open(0, now, lambda conn, idle_for: True)
     assert opened != NEW and opened is not None
     driver.send(rnd, 0, opened[0], opened[1], opened[2], now)
@@ -338,8 +339,8 @@ def test_a_new_marker_after_a_restart_is_left_to_the_restart_rule() -> None:
     driver, _ = _first_vote(b"t1", run_id="abc")
     books = driver.books[0]
     books.close_all(5.0)  # the restart closed the connection
-    rnd: Round[FakeConn] = Round(driver.books, [GUARDED_VOTE], now=10.0, timeout=0.05, restart_window=30.0,
-                                 script=scripts.VOTE)
+    rnd: Round[FakeConn] = Round(driver.books, steps.Fan([GUARDED_VOTE], restart_window=30.0,
+                                 script=scripts.VOTE), now=10.0, timeout=0.05)
     assert rnd.open(0, 10.0, lambda conn, idle_for: True) == NEW
     driver.connect_and_send(rnd, 0, 10.0)
     for reply in (*_probe_replies("def", uptime=0), b"t9"):  # started long after its last answer: a restart

@@ -292,7 +292,7 @@ def late_release_of_an_earlier_attempt(seed: int) -> Sim:
     def start() -> None:
         for node in nodes[:3]:
             node.execute(("SET", key, "another holder", "PX", 2000))  # attempt 1 loses on nodes 0-2
-        step = steps.acquire(a.config, a.quorum, a.names, "r", None, True, None, None)
+        step = steps.acquire(a.config, a.quorum, a.names, a.config.request("r", None, True, None, None))
         a.run(_Tap(step, note_first_value), a_done)
         world.after(0.2, release_other_holder)
 
@@ -343,7 +343,7 @@ def cancelled_acquire(seed: int) -> Sim:
     values: list[str] = []
 
     def start() -> None:
-        step = steps.acquire(a.config, a.quorum, a.names, "r", None, False, None, None)
+        step = steps.acquire(a.config, a.quorum, a.names, a.config.request("r", None, False, None, None))
         tap = _Tap(step, lambda e: values.append(vote[6]) if (vote := vote_of(e)) is not None else None)
         a.cancelled[id(tap)] = asyncio.CancelledError()  # cancelled while it awaits the SET round
         a.run(tap, lambda result, error: world.after(0.1, check, error))
@@ -639,7 +639,7 @@ def winner_whose_extension_is_lost(seed: int) -> Sim:
 
     def a_acquired(lock: LockBase | None) -> None:
         assert lock is not None, "a must get the lock in a quiet world"
-        step = steps.acquire(b.config, b.quorum, b.names, "r", None, True, 3.0, None)
+        step = steps.acquire(b.config, b.quorum, b.names, b.config.request("r", None, True, 3.0, None))
         b.run(_Tap(step, cut_the_extension), b_done)
         world.after(0.2, _release, a, lock)  # b waits in BLPOP on every node by then
 

@@ -77,6 +77,7 @@ class SimClient:
             max_extensions=max_extensions,
         )
         self.config.clock = self.proc.now
+        self.config.wall_us = self.wall_us
         self.config.make_holder = self._holder
         config = self.config
         low = max(0.0, retry_delay - retry_jitter)
@@ -109,6 +110,10 @@ class SimClient:
     def _holder(self, label: str | None) -> Holder:
         return Holder(self.world.token(8), self.name, None, label, None)
 
+    def wall_us(self) -> int:
+        # Wall clocks are set (NTP), not free-running: true time plus this host's error.
+        return int((self.world.now + self.wall_offset) * 1_000_000)
+
     # -- driving steps -----------------------------------------------------------------
 
     def run(self, step: steps.Step, done: Callable[[Any, BaseException | None], None]) -> None:
@@ -136,16 +141,11 @@ class SimClient:
             effect = run.effect
             kind = type(effect)
             value: Any = None
-            if effect is steps.NOW:
-                value = self.proc.now()
-            elif effect is steps.WALL:
-                # Wall clocks are set (NTP), not free-running: true time plus this host's error.
-                value = int((self.world.now + self.wall_offset) * 1_000_000)
-            elif kind is steps.Sleep:
+            if kind is steps.Sleep:
                 self.proc.after_local(effect.seconds, self._resume, run, done, None)
                 return
-            elif kind is steps.Background:
-                self.fan(effect.fan, lambda results: None)
+            elif kind is steps.Fan and effect.background:
+                self.fan(effect, lambda results: None)
             elif kind is steps.Fan:
                 self.fan(effect, lambda results: self._resume(run, done, results))
                 return
@@ -196,7 +196,8 @@ class SimClient:
                              call=watch.call)
             then(lock, None)
 
-        step = steps.acquire(self.config, self.quorum, self.names, resource, None, blocking, timeout, None)
+        request = self.config.request(resource, None, blocking, timeout, None)
+        step = steps.acquire(self.config, self.quorum, self.names, request)
         watch = _Watch(step, checker.call(self.proc, resource), checker)
         self.calls.add(watch)
         if cancel_after is not None:

@@ -97,8 +97,8 @@ def probe_booked_at_the_fanout_start() -> Iterator[None]:
     started: dict[int, float] = {}
     real_init, real_learn = rounds.Round.__init__, rounds.NodeBooks._learn
 
-    def init(self: Any, books: Any, commands: Any, **options: Any) -> None:
-        real_init(self, books, commands, **options)
+    def init(self: Any, books: Any, fan: Any, **options: Any) -> None:
+        real_init(self, books, fan, **options)
         for book in books:
             started[id(book)] = options["now"]
 
@@ -134,7 +134,7 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
     """A vote that waited in line counts its validity from the wake-up (the last BLPOP reply read
     before the outcome was known), not from before the write plus what the nodes measured."""
     woken: dict[str, float] = {}
-    real_prepare, real_read, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.read, base.Attempts.won
+    real_prepare, real_book, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.book, base.Attempts.won
 
     def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
         extra = real_prepare(self, conn, mine, window, now, block)
@@ -142,10 +142,10 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
             next(e for e in reversed(conn.expect) if e.kind == ledger.WAKE).key = block[0]
         return extra
 
-    def read(self: Any, conn: Any, reply: Any, now: float) -> Any:
+    def book(self: Any, conn: Any, reply: Any, now: float, reader: Any = None) -> Any:
         if conn.expect and conn.expect[0].kind == ledger.WAKE and conn.expect[0].key is not None:
             woken[conn.expect[0].key] = now
-        return real_read(self, conn, reply, now)
+        return real_book(self, conn, reply, now, reader)
 
     def won(self: Any, results: Any, started: float, quorum: int, now: float) -> bool:
         wake = woken.pop(self.wake, None)
@@ -154,7 +154,7 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
             results = [bytes(r) if isinstance(r, rounds.Granted) else r for r in results]
         return real_won(self, results, started, quorum, now)
 
-    with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "read", read), \
+    with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "book", book), \
             _patch(base.Attempts, "won", won):
         yield
 

@@ -153,15 +153,11 @@ class AsyncSimProcess(SimProcess):
         return task is not None and task.get_coro().cr_code is _keep_alive_loop.__code__
 
     async def _aperform(self, driver: SimDriver, effect: Any) -> Any:
-        if effect is steps.NOW:
-            return self.proc.now()
-        if effect is steps.WALL:
-            return self.wall_us()
         if self.gone:
             raise _Gone  # a dead process does nothing more; nor does one whose run is over
         kind = type(effect)
-        if kind is steps.Background:
-            driver.fan(effect.fan, lambda results: None)
+        if kind is steps.Fan and effect.background:
+            driver.fan(effect, lambda results: None)
             return None
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)

@@ -8,7 +8,7 @@ manager, its locks, their holds, reentrancy and the keep-alive watchdog
 engine's own. The one seam is the manager's ``_perform(effect)``: here it runs a
 ``Fan`` as a simulated round (:class:`.sim_round.SimDriver` on the manager's own
 ``node.books``), a ``Sleep`` as a timer on the process's drifting clock, a
-``Background`` fan-out as a round nobody waits for, and blocks the calling
+background ``Fan`` as a round nobody waits for, and blocks the calling
 greenlet until the world's scheduler resumes it. A greenlet switch is a plain
 function call, so a run stays a pure function of its seed.
 
@@ -229,15 +229,11 @@ class SimProcess:
         return Holder(self.world.token(8), self.name, None, label, None)
 
     def _perform(self, driver: SimDriver, effect: Any) -> Any:
-        if effect is steps.NOW:
-            return self.proc.now()
-        if effect is steps.WALL:
-            return self.wall_us()
         if self.gone or not self.proc.alive:
             raise GreenletExit  # a dead process does nothing more: its callers unwind
         kind = type(effect)
-        if kind is steps.Background:
-            driver.fan(effect.fan, lambda results: None)
+        if kind is steps.Fan and effect.background:
+            driver.fan(effect, lambda results: None)
             return None
         me = getcurrent()
         if kind is steps.Fan:

@@ -92,8 +92,8 @@ class _SimRound:
         self.timer: int | None = None
         proc = client.proc
         now = proc.now()
-        self.rnd = rnd = Round[SimConn](client.books, fan.commands, now=now,
-                               timeout=fan.timeout or client.node_timeout, **fan.options())
+        self.rnd = rnd = Round[SimConn](client.books, fan, now=now,
+                               timeout=fan.timeout or client.node_timeout)
         rnd.on_reply = self.check
         self.connecting: dict[int, SimConn] = {}
         self.opened = False  # every node opened (a stall may hold the round up before one)
