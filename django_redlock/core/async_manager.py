@@ -12,7 +12,8 @@ from typing import Any, cast
 from django_redlock.core import base, steps
 from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Resources
-from django_redlock.core.lock import ContextBase, LockBase
+from django_redlock.core.held import LockBase
+from django_redlock.core.lock import ContextBase
 from django_redlock.core.listing import Rows
 from django_redlock.core.sync_manager import LockManager, ManagerBase
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from django_redlock.core import config, forks, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
@@ -30,9 +30,6 @@ from django_redlock.core.scripts import (
     script_command,
 )
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
-
-if TYPE_CHECKING:
-    from django_redlock.core.lock import LockBase
 
 __all__ = ["Mode"]
 # Callers and the simulator's mutants use base.X for the settings (core/config.py) too.
@@ -287,19 +284,6 @@ def next_fence(reads: Sequence[Any], quorum: int, resource: str, wall_us: int) -
     return max(max(values) + 1, floor)
 
 
-def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quorum: int) -> None:
-    """Accept ``token`` only if a quorum now stores it (or more) and the lock is still valid."""
-    acked = count(writes, lambda r: isinstance(r, int) and r >= token)
-    if acked < quorum:
-        raise lost_error(
-            lock.resource, f"the fencing token reached {acked} nodes, {quorum} needed; no token was issued"
-        )
-    if not lock.locked():
-        reason = "it expired while its fencing token was written"
-        lock._mark_lost(reason)
-        raise lost_error(lock.resource, reason)
-
-
 def extend_command(keys: Sequence[str], value: str, ttl: float, mark: str, recreate: bool = False) -> tuple[Any, ...]:
     """EXTEND: set every key's ttl to ``ttl`` while each still stores ``value``; with ``recreate``,
     a key the node lost is set again where the node may vote (``mark``: the data-set marker key)."""
@@ -340,14 +324,6 @@ def extension_settled(quorum: int, total: int) -> Any:
         return (good >= quorum and gone + waiting <= total - quorum) or good + waiting < quorum or gone > total - quorum
 
     return done
-
-
-def extension_limit_error(lock: LockBase, limit: int) -> LockError:
-    return LockError(
-        f"Lock {lock.resource!r} has been extended {limit} times, the limit (max_extensions); "
-        "release it and acquire again, or raise the limit.",
-        resource=lock.resource,
-    )
 
 
 def lost_error(resource: str, why: str) -> LockLost:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+from django_redlock.core.records import Holder
 
 if TYPE_CHECKING:
-    from django_redlock.core.lock import LockBase
     from django_redlock.exceptions import LockNotAcquired
 
-__all__ = ["AcquireReport", "CombinedHooks", "Hooks", "NodeSeen", "Outcome", "call_hook", "wants"]
+__all__ = ["AcquireReport", "CombinedHooks", "HeldLock", "Hooks", "NodeSeen", "Outcome", "call_hook", "wants"]
 
 #: How an ``acquire()`` call ended, in :class:`AcquireReport`.
 Outcome = Literal["acquired", "locked", "no_quorum", "error"]
@@ -53,6 +54,29 @@ class NodeSeen(NamedTuple):
     seconds: float | None
 
 
+class HeldLock(Protocol):
+    """What a hook is told about a lock: a :class:`~django_redlock.core.Lock` or an
+    :class:`~django_redlock.core.AsyncLock`, as far as a hook may read it."""
+
+    #: The lock's name (several resources: joined by ``", "``), its resources and its (first) key.
+    resource: str
+    resources: tuple[str, ...]
+    key: str
+    #: Who holds it (token, host, pid, label).
+    holder: Holder
+    #: The last ttl asked for, and how many times it was extended.
+    ttl: float
+    extensions: int
+    lost: bool
+    lost_reason: str | None
+    released: bool
+
+    @property
+    def validity(self) -> float: ...
+
+    def locked(self) -> bool: ...
+
+
 class Hooks:
     """Callbacks the engine runs on lock events. Subclass and override what you need.
 
@@ -66,20 +90,20 @@ class Hooks:
     them.
     """
 
-    def acquired(self, lock: LockBase) -> None:
+    def acquired(self, lock: HeldLock) -> None:
         """A lock was acquired on a quorum."""
 
-    def released(self, lock: LockBase) -> None:
+    def released(self, lock: HeldLock) -> None:
         """A lock was released."""
 
-    def extended(self, lock: LockBase) -> None:
+    def extended(self, lock: HeldLock) -> None:
         """A lock's ttl was extended on a quorum."""
 
-    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+    def recreated(self, lock: HeldLock, nodes: Sequence[str]) -> None:
         """An extension that held set the lock's key again on these nodes (by name): each had lost it
         (a restart, an expiry while it was stopped) and may vote again. Runs before ``extension_finished``."""
 
-    def lost(self, lock: LockBase, reason: str) -> None:
+    def lost(self, lock: HeldLock, reason: str) -> None:
         """A held lock was found expired or taken over."""
 
     def not_acquired(self, resource: str, error: LockNotAcquired) -> None:
@@ -92,7 +116,7 @@ class Hooks:
         Not called for a ``reentrant=True`` call that entered a lock already held, which asks no node.
         """
 
-    def extension_finished(self, lock: LockBase, automatic: bool, extended: bool) -> None:
+    def extension_finished(self, lock: HeldLock, automatic: bool, extended: bool) -> None:
         """An extension's replies were judged: by the keep-alive (``automatic``) or by ``extend()``;
         ``extended``: it held on a quorum (then ``extended`` ran first)."""
 
@@ -117,19 +141,19 @@ class CombinedHooks(Hooks):
         for item in self.hooks:
             call_hook(item, name, *args)
 
-    def acquired(self, lock: LockBase) -> None:
+    def acquired(self, lock: HeldLock) -> None:
         self._each("acquired", lock)
 
-    def released(self, lock: LockBase) -> None:
+    def released(self, lock: HeldLock) -> None:
         self._each("released", lock)
 
-    def extended(self, lock: LockBase) -> None:
+    def extended(self, lock: HeldLock) -> None:
         self._each("extended", lock)
 
-    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+    def recreated(self, lock: HeldLock, nodes: Sequence[str]) -> None:
         self._each("recreated", lock, nodes)
 
-    def lost(self, lock: LockBase, reason: str) -> None:
+    def lost(self, lock: HeldLock, reason: str) -> None:
         self._each("lost", lock, reason)
 
     def not_acquired(self, resource: str, error: LockNotAcquired) -> None:
@@ -138,7 +162,7 @@ class CombinedHooks(Hooks):
     def acquire_finished(self, report: AcquireReport) -> None:
         self._each("acquire_finished", report)
 
-    def extension_finished(self, lock: LockBase, automatic: bool, extended: bool) -> None:
+    def extension_finished(self, lock: HeldLock, automatic: bool, extended: bool) -> None:
         self._each("extension_finished", lock, automatic, extended)
 
     def nodes_seen(self, seen: Sequence[NodeSeen]) -> None:

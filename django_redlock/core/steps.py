@@ -23,14 +23,13 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_redlock.core import base, rounds
+from django_redlock.core import base, held, rounds
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.resp import pack_each
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, FENCE_READ, INSPECT, RELEASE, Script, script_command
 from django_redlock.exceptions import QuorumUnavailable
 
 if TYPE_CHECKING:
-    from django_redlock.core.lock import LockBase
     from django_redlock.core.records import ForcedRelease
 
 __all__ = [
@@ -268,7 +267,7 @@ def _place(plan: base.Attempts) -> str:
     return "" if plan.mode == "once" else plan.place
 
 
-def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -> Step:
+def extend(lock: held.LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -> Step:
     """Reset the lock's ttl on a quorum, within its current validity; see :meth:`Lock.extend`.
 
     The caller's own extensions count against ``max_extensions``; automatic ones
@@ -309,7 +308,7 @@ def extend(lock: LockBase, ttl: Any, automatic: bool, quorum: int, total: int) -
     base.call_hook(hooks, "extension_finished", lock, automatic, True)
 
 
-def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -> Step:
+def fence(lock: held.LockBase, config: base.ManagerConfig, quorum: int, total: int) -> Step:
     """Issue ``lock``'s fencing token: read a quorum, raise on a quorum, check the lock still holds."""
     if not lock.locked():
         raise base.lost_error(lock.resource, lock.lost_reason or "it is no longer valid")
@@ -330,11 +329,11 @@ def fence(lock: LockBase, config: base.ManagerConfig, quorum: int, total: int) -
         script=FENCE_RAISE,
         restart_window=window,
     )
-    base.check_fence_written(lock, writes, token, quorum)
+    held.check_fence_written(lock, writes, token, quorum)
     return token
 
 
-def release(lock: LockBase) -> Step:
+def release(lock: held.LockBase) -> Step:
     """A lock's whole release (see :meth:`Lock.release`): leave one entry; on the last, forget its
     watch, release its value on every node (the round ends at a quorum) and judge the replies.
 
@@ -362,7 +361,7 @@ def release(lock: LockBase) -> Step:
     return lock._judge_release(results)
 
 
-def owned(lock: LockBase) -> Step:
+def owned(lock: held.LockBase) -> Step:
     """Whether ``lock``'s holder still holds it (see :meth:`Lock.owned`): True, False (then it is
     marked lost), or QuorumUnavailable raised when too few nodes answer to tell."""
     if not lock._can_ask():
@@ -374,13 +373,13 @@ def owned(lock: LockBase) -> Step:
     return held
 
 
-def check_owned(lock: LockBase) -> Step:
+def check_owned(lock: held.LockBase) -> Step:
     """The watchdog's look at a lock: read its keys and judge; a lock that enough nodes no longer
     store is marked lost, an unclear answer waits for the next look."""
     lock._judge_owned((yield _read_values(lock)))
 
 
-def _read_values(lock: LockBase) -> Fan:
+def _read_values(lock: held.LockBase) -> Fan:
     """Read the lock's keys on every node, until a quorum shows its value or too few can."""
     manager = lock.manager
     total = len(manager.node_list)

@@ -11,9 +11,9 @@ from django_redlock.core import base, status, steps
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource
 from django_redlock.core.extender import Extender
-from django_redlock.core.lock import Lock, LockBase, LockContext
+from django_redlock.core.held import HeldLocks, LockBase
+from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, close_nodes, fanout, parse_nodes
-from django_redlock.core.owners import HeldLocks
 from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.status import status_of

@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from django_redlock.core.config import AcquireReport, Hooks, NodeSeen
+from django_redlock.core.hooks import HeldLock
 
 if TYPE_CHECKING:
-    from django_redlock.core.lock import LockBase
+    from django_redlock.core.held import LockBase
 
 __all__ = [
     "ACQUIRE_BUCKETS",
@@ -55,11 +56,11 @@ class HeldLocks:
 
     def __init__(self, change: Callable[[str | None, int], None]) -> None:
         self._change = change
-        self._locks: weakref.WeakKeyDictionary[LockBase, weakref.finalize[Any, Any]] = weakref.WeakKeyDictionary()
+        self._locks: weakref.WeakKeyDictionary[HeldLock, weakref.finalize[Any, Any]] = weakref.WeakKeyDictionary()
         self._dropped: deque[str | None] = deque()
         self._mutex = threading.Lock()
 
-    def add(self, lock: LockBase, group: str | None) -> None:
+    def add(self, lock: HeldLock, group: str | None) -> None:
         self._settle()
         with self._mutex:
             if lock in self._locks:
@@ -68,7 +69,7 @@ class HeldLocks:
             watch.atexit = False
         self._change(group, 1)
 
-    def discard(self, lock: LockBase) -> bool:
+    def discard(self, lock: HeldLock) -> bool:
         """Take ``lock`` off; True when it was counted."""
         self._settle()
         with self._mutex:
@@ -123,25 +124,26 @@ class MetricsHooks(Hooks):
 
     # -- the engine's events -------------------------------------------------
 
-    def acquired(self, lock: LockBase) -> None:
+    def acquired(self, lock: HeldLock) -> None:
         self.held.add(lock, self.group_of(lock.resource))
 
-    def released(self, lock: LockBase) -> None:
+    def released(self, lock: HeldLock) -> None:
         if self.held.discard(lock):  # held since acquire() here (not a handle adopted from elsewhere)
-            seconds = max(0.0, lock.manager.config.clock() - lock._acquired_at)
+            held = cast("LockBase", lock)
+            seconds = max(0.0, held.manager.config.clock() - held._acquired_at)
             self.record_hold(self.group_of(lock.resource), seconds)
 
-    def lost(self, lock: LockBase, reason: str) -> None:
+    def lost(self, lock: HeldLock, reason: str) -> None:
         self.record_lost(self.group_of(lock.resource))
 
     def acquire_finished(self, report: AcquireReport) -> None:
         self.record_acquire(report, self.group_of(report.resource))
 
-    def extension_finished(self, lock: LockBase, automatic: bool, extended: bool) -> None:
+    def extension_finished(self, lock: HeldLock, automatic: bool, extended: bool) -> None:
         kind = "automatic" if automatic else "manual"
         self.record_extension(self.group_of(lock.resource), kind, "extended" if extended else "failed")
 
-    def recreated(self, lock: LockBase, nodes: Sequence[str]) -> None:
+    def recreated(self, lock: HeldLock, nodes: Sequence[str]) -> None:
         for node in nodes:
             self.record_recreated(node)
 

@@ -29,7 +29,7 @@ def pure_modules() -> list[str]:
 
 
 def test_the_named_pure_modules_are_checked() -> None:
-    named = "base steps rounds ledger records scripts listing resp lock clock forks extender".split()
+    named = "base held steps rounds ledger records scripts listing resp lock clock forks extender".split()
     assert {f"django_redlock.core.{name}" for name in named} <= set(pure_modules())
 
 
@@ -173,9 +173,6 @@ def test_the_type_graph_reads_type_checking_imports_too() -> None:
     assert "django_redlock.core" not in graph["django_redlock.core.steps"]  # no package loads first for types
 
 
-# Issue 33, item 1: base, hooks, owners and steps name LockBase, and lock names the managers, under
-# TYPE_CHECKING (eleven modules in one circle). Drop the mark once the layers go one way.
-@pytest.mark.xfail(strict=True, reason="the TYPE_CHECKING circle through core.lock is not broken yet")
 def test_no_import_cycle_through_type_imports() -> None:
     """Layers go one way, types included: an import under TYPE_CHECKING closes no circle either."""
     cycle = find_cycle(import_graph(deferred=True, types=True))

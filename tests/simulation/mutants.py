@@ -9,14 +9,13 @@ patch of the node model's method for it (:class:`.redis_model.SimNode`).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, extender, ledger, rounds, steps
+from django_redlock.core import base, extender, held, ledger, owners, rounds, steps
 from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
@@ -299,12 +298,12 @@ def fence_from_the_first_member() -> Any:
 
 def fence_below_quorum() -> Any:
     """A fencing token accepted once a single node stores it."""
-    real = base.check_fence_written
+    real = held.check_fence_written
 
     def accept(lock: Any, writes: Any, token: int, quorum: int) -> None:
         real(lock, writes, token, 1)
 
-    return _patch(base, "check_fence_written", accept)
+    return _patch(held, "check_fence_written", accept)
 
 
 def automatic_extensions_counted() -> Any:
@@ -336,8 +335,7 @@ def reentrancy_keyed_on_the_thread() -> Any:
     def thread_only() -> Iterator[tuple[Any, str]]:
         yield threading.current_thread(), "thread"
 
-    lock_module = sys.modules[LockBase.__module__]
-    return _patch(getattr(lock_module, "owners", lock_module), "_owners", thread_only)  # where caller() is
+    return _patch(owners, "callers", thread_only)  # what caller() and HeldLocks look up
 
 
 def loss_swallowed() -> Any:
