@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from django_redlock.core import base, steps
 from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
-from django_redlock.core.base import Resources
+from django_redlock.core.base import Request, Resources
 from django_redlock.core.held import LockBase
 from django_redlock.core.lock import ContextBase
 from django_redlock.core.listing import Rows
@@ -89,7 +89,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
     manager: AsyncLockManager
 
     async def __aenter__(self) -> AsyncLock:
-        lock = await self.manager.acquire(self.resource, **self._acquire_options())
+        lock = await self.manager._acquire(self.request, self.keep)
         self._entered(lock)
         return lock
 
@@ -227,8 +227,12 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`. With ``auto_extend``
         a task on the running loop keeps the lock alive until it is released."""
-        keep = self._keeping(auto_extend, max_hold, on_lost)
-        held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+        return await self._acquire(request, self._keeping(auto_extend, max_hold, on_lost))
+
+    async def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> AsyncLock:
+        """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
+        held, step = self._acquiring(request)
         if step is None:
             return cast(AsyncLock, held)
         lock = self._granted(await self._run(step), AsyncLock)
@@ -295,9 +299,8 @@ class AsyncLockManager(ManagerBase):
         reentrant: bool = False,
     ) -> AsyncLockContext:
         """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
-        base.check_wait(blocking, timeout)
-        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
-        return AsyncLockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+        return AsyncLockContext(self, request, self._keeping(auto_extend, max_hold, on_lost), auto_extend, on_lost)
 
     async def is_locked(self, resource: str) -> bool:
         """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""

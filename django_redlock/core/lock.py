@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from django_redlock.core import base, owners, steps
+from django_redlock.core.config import Request
 from django_redlock.core.held import LockBase, Manager
 from django_redlock.exceptions import LockLost
 
@@ -25,7 +26,7 @@ class SyncManager(Manager, Protocol):
 
     def _release(self, lock: LockBase) -> bool: ...
 
-    def acquire(self, *args: Any, **options: Any) -> Lock: ...
+    def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> Lock: ...
 
 
 class Lock(LockBase):
@@ -142,16 +143,18 @@ class ContextBase(Generic[_L]):
     def __init__(
         self,
         manager: Any,
-        resource: Any,
-        kwargs: dict[str, Any],
+        request: Request,
+        keep: tuple[float | None, Any] | None,
         auto_extend: bool,
-        max_hold: float | None,
         on_lost: Callable[[Any], Any] | None,
     ) -> None:
+        """``request`` and ``keep``: the arguments as the manager checked them (``ManagerConfig.request``,
+        ``ManagerBase._keeping``); every entry acquires with them, unchecked."""
         self.manager = manager
-        self.resource = base.check_resources(resource)
-        self.kwargs = kwargs
-        self.max_hold = base.check_keep_alive(auto_extend, max_hold, on_lost)
+        self.request = request
+        self.keep = keep
+        self.resource = request.resources
+        self.max_hold = None if keep is None else keep[0]
         self.auto_extend = auto_extend
         self.on_lost = on_lost
         #: The lock, once entered.
@@ -160,10 +163,6 @@ class ContextBase(Generic[_L]):
         # (reentrant=True), and by several callers (one hold shared by threads or tasks, as one
         # would share a threading.Lock); each exit leaves one. With each, what keeps it alive.
         self._entries: list[tuple[_L, Any]] = []
-
-    def _acquire_options(self) -> dict[str, Any]:
-        """What ``manager.acquire()`` is asked: this hold's arguments, keep-alive included."""
-        return {**self.kwargs, "auto_extend": self.auto_extend, "max_hold": self.max_hold, "on_lost": self.on_lost}
 
     def _entered(self, lock: _L) -> None:
         """Note the lock just acquired (``acquire()`` started its keep-alive, if asked): the entry
@@ -206,7 +205,7 @@ class LockContext(ContextBase[Lock]):
         return steps.handing_over(self._enter)
 
     def _enter(self) -> Lock:
-        lock = self.manager.acquire(self.resource, **self._acquire_options())
+        lock = self.manager._acquire(self.request, self.keep)
         self._entered(lock)
         return lock
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 
 from django_redlock.core import base, status, steps
 from django_redlock.core.adoption import Adoption
-from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Resources, check_resource
+from django_redlock.core.base import DEFAULT_MAX_TTL, Hooks, ManagerConfig, Request, Resources, check_resource
 from django_redlock.core.extender import Extender
 from django_redlock.core.held import HeldLocks, LockBase
 from django_redlock.core.lock import Lock, LockContext
@@ -79,12 +79,8 @@ class ManagerBase:
     def node_timeout(self) -> float:
         return self.config.node_timeout
 
-    def _acquiring(
-        self, resource: Any, ttl: Any, blocking: bool, timeout: Any, label: str | None, reentrant: bool
-    ) -> tuple[Any, steps.Step | None]:
-        """The caller's own lock re-entered, or the step that acquires ``resource``; the arguments
-        are checked here, once."""
-        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+    def _acquiring(self, request: Request) -> tuple[Any, steps.Step | None]:
+        """The caller's own lock re-entered, or the step that acquires the ``request``'s resources."""
         resources = request.resources
         if request.reentrant:
             held = self._held.enter(resources)
@@ -294,8 +290,12 @@ class LockManager(ManagerBase):
         another thread of this process holds it, the error names that
         thread.
         """
-        keep = self._keeping(auto_extend, max_hold, on_lost)
-        held, step = self._acquiring(resource, ttl, blocking, timeout, label, reentrant)
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+        return self._acquire(request, self._keeping(auto_extend, max_hold, on_lost))
+
+    def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> Lock:
+        """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
+        held, step = self._acquiring(request)
         if step is None:
             return cast(Lock, held)
         return steps.handing_over(self._granting, step, keep)
@@ -398,9 +398,8 @@ class LockManager(ManagerBase):
             ``ttl``, ``auto_extend``, ``max_hold`` and ``on_lost`` are not
             applied to it.
         """
-        base.check_wait(blocking, timeout)
-        kwargs = {"ttl": ttl, "blocking": blocking, "timeout": timeout, "label": label, "reentrant": reentrant}
-        return LockContext(self, resource, kwargs, auto_extend, max_hold, on_lost)
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
+        return LockContext(self, request, self._keeping(auto_extend, max_hold, on_lost), auto_extend, on_lost)
 
     # -- inspection and operator actions ----------------------------------
 
