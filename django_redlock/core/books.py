@@ -68,6 +68,7 @@ class Failure:
 
     reason: str
     answered: bool = False  # the node answered (e.g. with an error), it is not down
+    broken: bool = False  # the connection broke under the command (closed, reset): a new one may do
 
     def __str__(self) -> str:
         return self.reason
@@ -258,7 +259,7 @@ class NodeBooks(Generic[C]):
         since = self.parked.get(conn)
         if since is None or not (conn.expect and overdue(conn, since, now) > self.stale_limit):
             return False
-        self.broken(conn, f"no reply for over {self.stale_limit:.1f} s", now)
+        self.broken(conn, f"no reply for over {self.stale_limit:.1f} s", now, broke=False)
         return True
 
     def take_parked(self) -> list[C]:
@@ -275,11 +276,12 @@ class NodeBooks(Generic[C]):
         self.idle.clear()
         return conns
 
-    def broken(self, conn: C, reason: str, now: float) -> None:
-        """``conn`` failed (or is given up): whoever waits on it gets ``reason``; the books drop it."""
+    def broken(self, conn: C, reason: str, now: float, broke: bool = True) -> None:
+        """``conn`` failed (``broke``) or is given up: whoever waits on it gets ``reason``; the books drop it."""
+        failure = Failure(reason, broken=broke)
         for entry in list(conn.expect):
             if entry.waiter is not None:
-                entry.waiter.take(entry, Failure(reason), now)
+                entry.waiter.take(entry, failure, now)
         self.drop(conn, now)
 
     def drop(self, conn: C, now: float) -> None:

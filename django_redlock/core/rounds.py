@@ -268,7 +268,7 @@ class Round(Generic[C]):
         if error is not None:
             del self.waiting[mine]
             self.books[i].drop(conn, now)
-            self.results[i] = Failure(error)
+            self.results[i] = Failure(error, broken=True)
             return False
         if parked_since is not None and self._queued(i, conn, parked_since, now):
             # Ordered behind a command that is overdue, or behind a wait in line: queue it, do not wait for it.

@@ -350,6 +350,13 @@ def release(lock: held.LockBase) -> Step:
     fan = release_fan(manager.config, total, lock.resources, lock.value, place=lock._place, quorum=manager.quorum)
     try:
         results = yield fan
+        broke = [type(r) is rounds.Failure and r.broken for r in results]
+        if any(broke) and base.count(results, _deleted) < manager.quorum:
+            # Written on connections that broke under it (closed by the node or a proxy while idle):
+            # once more, on new ones. Only a deletion counts from it: a "not ours" may be its own echo.
+            fan = release_fan(manager.config, total, lock.resources, lock.value, place=lock._place, only=broke)
+            again = yield fan
+            results = [1 if a == 1 else r for r, a in zip(results, again)]
     except GeneratorExit:
         raise
     except BaseException:

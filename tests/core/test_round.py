@@ -142,14 +142,14 @@ def test_a_broken_connection_fails_its_node_and_the_books_drop_it() -> None:
     rnd.wait_time(0.0)
     books, conn = driver.books[1], driver.conns[1]
     books.broken(conn, "connection lost", 0.001)
-    assert rnd.results[1] == Failure("connection lost")
+    assert rnd.results[1] == Failure("connection lost", broken=True)
     assert not conn.expect and not books.parked and not books.idle
     # The SET may still land: a release's 0 proves nothing until its ttl has surely passed.
     assert books.ledger.lost_sets[(KEY, VALUE)] > 30.0
     driver.reply(0, OK, 0.002, rnd)
     driver.reply(2, OK, 0.002, rnd)
     assert rnd.wait_time(0.002) is None  # nothing left to wait for
-    assert rnd.finish(0.002) == [] and rnd.results == [OK, Failure("connection lost"), OK]
+    assert rnd.finish(0.002) == [] and rnd.results == [OK, Failure("connection lost", broken=True), OK]
 
 
 def test_a_failed_connect_cools_the_node_off() -> None:
