@@ -34,7 +34,14 @@ P99_REFERENCE_RATIO = {"redlock": 0.85, "redlock_blocking": 0.99}
 #: millisecond a node may drop when it sets an expiry, which the wait's measure leaves out.
 VALIDITY_LOSS_REFERENCE_MS = 1.31
 
+#: The median pair above the every-reply floor at N = 1 (µs), by series: the 2026-11-27 table
+#: (docs/scaling_table.rst, ``make bench-scaling``) that the engine's reshaping set out to halve.
+OVERHEAD_REFERENCE_US = {"redlock": 150.0, "redlock_blocking": 174.0}
+
 CPU_FACTOR = 0.5  # at most half the reference
+OVERHEAD_FACTOR = 0.5  # the N = 1 overhead above the floor, at most half the reference
+FLOOR_FACTOR_N5 = 1.10  # the N = 5 median against the every-reply floor
+ASYNC_RESHAPE_FACTOR = 1.15  # the AsyncLockManager median against the asyncio floor, after the reshaping
 OVERHEAD_US = 30.0  # above the every-reply floor, at every N
 ASYNC_FACTOR = 1.10  # AsyncLockManager against the asyncio floor
 MEMORY_TOLERANCE = 1.02  # tracemalloc's per-lock average moves by a few bytes between runs
@@ -115,7 +122,22 @@ def scaling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             found.append(target(
                 f"median above the every-reply floor, {label}, N = {n}", _get(points, series, str(n), "median_us"),
                 "<=", _plus(OVERHEAD_US, floor), f"≤ floor + {OVERHEAD_US:g} µs", "µs", "floor_all", floor))
+    for series, label in SERIES_NAMES.items():
+        floor = _get(points, "floor_all", "1", "median_us")
+        reference = OVERHEAD_REFERENCE_US[series]
+        found.append(target(
+            f"median above the every-reply floor at most half the reference, {label}, N = 1",
+            _get(points, series, "1", "median_us"), "<=", _plus(reference * OVERHEAD_FACTOR, floor),
+            f"≤ floor + reference overhead ({reference:g} µs) / 2", "µs", "floor_all", floor))
+        floor = _get(points, "floor_all", "5", "median_us")
+        found.append(target(
+            f"median against the every-reply floor, {label}, N = 5", _get(points, series, "5", "median_us"), "<=",
+            _times(FLOOR_FACTOR_N5, floor), f"≤ {FLOOR_FACTOR_N5:g} × floor", "µs", "floor_all", floor))
     async_series = _get(results, "async", "series") or {}
+    floor = _get(async_series, "floor_async", "median_us")
+    found.append(target(
+        "AsyncLockManager pair, median, at most 1.15 × floor", _get(async_series, "redlock_async", "median_us"), "<=",
+        _times(ASYNC_RESHAPE_FACTOR, floor), f"≤ {ASYNC_RESHAPE_FACTOR:g} × floor", "µs", "floor_async", floor))
     for stat, label in (("median_us", "median"), ("p99_us", "p99")):
         floor = _get(async_series, "floor_async", stat)
         found.append(target(

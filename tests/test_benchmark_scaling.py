@@ -33,7 +33,8 @@ def test_scaling_quick(tmp_path):
     assert "client CPU per pair, median" in result.stdout
     block = result.stdout[result.stdout.rindex("targets ("):].splitlines()[1:]
     judged = results["targets"]
-    assert len(block) == len(judged) == 4 + 2 * 2 + 2 + 2 + 2  # CPU, above the floor at N = 1 and 3, async, memory, p99
+    # CPU, above the floor at N = 1 and 3, the reshaping's three per series and one for asyncio, async, memory, p99
+    assert len(block) == len(judged) == 4 + 2 * 2 + 2 * 2 + 1 + 2 + 2 + 2
     for line, target in zip(block, judged):
         assert line.strip().startswith(target["target"]) and line.endswith(target["verdict"])
     by_name = {t["target"]: t for t in judged}
@@ -85,6 +86,11 @@ def test_scaling_targets_on_made_up_numbers():
         "median above the every-reply floor, non-blocking, N = 5": "met",
         "median above the every-reply floor, blocking, N = 1": "NOT met",  # 140 > 131
         "median above the every-reply floor, blocking, N = 5": "NOT met",  # 136 > 135
+        "median above the every-reply floor at most half the reference, non-blocking, N = 1": "met",  # 120 <= 101 + 75
+        "median above the every-reply floor at most half the reference, blocking, N = 1": "met",  # 140 <= 101 + 87
+        "median against the every-reply floor, non-blocking, N = 5": "NOT met",  # 135 > 1.1 x 105
+        "median against the every-reply floor, blocking, N = 5": "NOT met",
+        "AsyncLockManager pair, median, at most 1.15 × floor": "met",  # 110 <= 1.15 x 100
         "AsyncLockManager pair, median": "met",  # 110 <= 1.1 x 100
         "AsyncLockManager pair, p99": "NOT met",
         "memory per held lock, LockManager": "met",
