@@ -347,21 +347,26 @@ def release(lock: held.LockBase) -> Step:
     manager = lock.manager
     manager._forget(lock)
     total = len(manager.node_list)
-    fan = release_fan(manager.config, total, lock.resources, lock.value, place=lock._place, quorum=manager.quorum)
+    config = manager.config
+    fan = release_fan(config, total, lock.resources, lock.value, place=lock._place, quorum=manager.quorum)
+    sent = config.clock()
     try:
         results = yield fan
         broke = [type(r) is rounds.Failure and r.broken for r in results]
-        if any(broke) and base.count(results, _deleted) < manager.quorum:
+        left = config.node_timeout - (config.clock() - sent)
+        if any(broke) and left > 0 and base.count(results, _deleted) < manager.quorum:
             # Written on connections that broke under it (closed by the node or a proxy while idle):
-            # once more, on new ones. Only a deletion counts from it: a "not ours" may be its own echo.
-            fan = release_fan(manager.config, total, lock.resources, lock.value, place=lock._place, only=broke)
+            # once more, on new ones, within the node timeout the release has. Only a deletion counts
+            # from it: a "not ours" may be its own echo.
+            fan = release_fan(config, total, lock.resources, lock.value, place=lock._place, only=broke)
+            fan.timeout = left
             again = yield fan
             results = [1 if a == 1 else r for r, a in zip(results, again)]
     except GeneratorExit:
         raise
     except BaseException:
         # Released all the same: the round runs to its end in the background, unjudged.
-        base.call_hook(manager.config.hooks, "released", lock)
+        base.call_hook(config.hooks, "released", lock)
         fan.background = True
         yield fan
         raise
