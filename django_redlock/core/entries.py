@@ -11,7 +11,7 @@
   next command written to that node, until the key's ttl has surely passed.
 
 No sockets, no clock reads, no threads here: callers pass the time in and
-hold the node's mutex. :mod:`django_redlock.core.ledger` re-exports these names.
+hold the node's mutex.
 """
 
 from __future__ import annotations

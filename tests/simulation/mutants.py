@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, extender, held, ledger, owners, rounds, steps
+from django_redlock.core import base, entries, extender, held, ledger, owners, rounds, steps
 from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
@@ -138,11 +138,11 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
     def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
         extra = real_prepare(self, conn, mine, window, now, block)
         if block is not None:  # remember the wait's list on its WAKE entry
-            next(e for e in reversed(conn.expect) if e.kind == ledger.WAKE).key = block[0]
+            next(e for e in reversed(conn.expect) if e.kind == entries.WAKE).key = block[0]
         return extra
 
     def book(self: Any, conn: Any, reply: Any, now: float, reader: Any = None) -> Any:
-        if conn.expect and conn.expect[0].kind == ledger.WAKE and conn.expect[0].key is not None:
+        if conn.expect and conn.expect[0].kind == entries.WAKE and conn.expect[0].key is not None:
             woken[conn.expect[0].key] = now
         return real_book(self, conn, reply, now, reader)
 
@@ -374,7 +374,7 @@ def watchdog_ignores_the_release() -> Iterator[None]:
 def debt_paid_while_its_round_runs() -> Any:
     """A release round's debts are due to any write a node timeout after the round began, even while
     the round has not written its own release there yet (and a payment's deletion is not its own)."""
-    return _patch(ledger.Debt, "held", lambda self: False)
+    return _patch(entries.Debt, "held", lambda self: False)
 
 
 def grant_in_line_with_the_full_ttl() -> Any:
