@@ -25,7 +25,8 @@ from redis.exceptions import RedisError
 from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
 from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack, pack_write
-from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
+from django_redlock.core.books import NEW, ConnState, NodeBooks, NodeUnavailable
+from django_redlock.core.rounds import Round
 from django_redlock.core.steps import Fan
 
 __all__ = ["AConn", "AsyncNode", "afanout", "settle_and_close"]

@@ -24,7 +24,7 @@ from django_redlock.core.records import (
     ttl_of,
     waiting_of,
 )
-from django_redlock.core.rounds import Failure
+from django_redlock.core.books import Failure
 from django_redlock.core.scripts import INSPECT, LIST
 from django_redlock.core.steps import Fan, Step
 

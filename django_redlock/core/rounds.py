@@ -28,20 +28,14 @@ from typing import Any, Generic, Literal, Protocol, Union
 
 from django_redlock.core import entries, ledger
 from django_redlock.core.books import (
-    COOL_OFF,
-    IDLE,
-    IDLE_CHECK,
-    MAX_PENDING,
     NEW,
     PARKED,
     C,
     Command,
-    ConnState,
     Failure,
     NodeBooks,
     NodeUnavailable,
     ms_text,
-    node_wait,
     quiet_for,
 )
 from django_redlock.core.entries import Entry, entry_for, pair_of
@@ -49,21 +43,10 @@ from django_redlock.core.records import printable
 from django_redlock.core.scripts import ACQUIRE, EXTEND, GUARDED, RELEASE, VOTE, Script
 
 __all__ = [
-    "COOL_OFF",
-    "IDLE",
-    "IDLE_CHECK",
-    "MAX_PENDING",
-    "NEW",
-    "PARKED",
-    "ConnState",
     "Description",
-    "Failure",
     "Granted",
-    "NodeBooks",
-    "NodeUnavailable",
     "Opened",
     "Round",
-    "node_wait",
 ]
 
 class Granted(bytes):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, entries, extender, held, ledger, owners, rounds, steps
+from django_redlock.core import base, books, entries, extender, held, ledger, owners, rounds, steps
 from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
@@ -86,7 +86,7 @@ def failover_unnoticed() -> Any:
 def data_set_unchecked() -> Any:
     """Votes carry no data-set token: a node whose data set was replaced behind open connections (a resync,
     a flush) votes on them as before; only a new connection's probe could notice."""
-    return _patch(rounds.NodeBooks, "guarded", lambda self, command: command)
+    return _patch(books.NodeBooks, "guarded", lambda self, command: command)
 
 
 @contextmanager
@@ -94,7 +94,7 @@ def probe_booked_at_the_fanout_start() -> Iterator[None]:
     """A probe's replies are learned with the time the client's latest fan-out started (the clock read
     once per fan-out), not with the time they were read."""
     started: dict[int, float] = {}
-    real_init, real_learn = rounds.Round.__init__, rounds.NodeBooks._learn
+    real_init, real_learn = rounds.Round.__init__, books.NodeBooks._learn
 
     def init(self: Any, books: Any, fan: Any, **options: Any) -> None:
         real_init(self, books, fan, **options)
@@ -104,7 +104,7 @@ def probe_booked_at_the_fanout_start() -> Iterator[None]:
     def learn(self: Any, conn: Any, reply: Any, now: float) -> None:
         real_learn(self, conn, reply, min(now, started.get(id(self), now)))
 
-    with _patch(rounds.Round, "__init__", init), _patch(rounds.NodeBooks, "_learn", learn):
+    with _patch(rounds.Round, "__init__", init), _patch(books.NodeBooks, "_learn", learn):
         yield
 
 
@@ -133,7 +133,7 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
     """A vote that waited in line counts its validity from the wake-up (the last BLPOP reply read
     before the outcome was known), not from before the write plus what the nodes measured."""
     woken: dict[str, float] = {}
-    real_prepare, real_book, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.book, base.Attempts.won
+    real_prepare, real_book, real_won = books.NodeBooks.prepare, books.NodeBooks.book, base.Attempts.won
 
     def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
         extra = real_prepare(self, conn, mine, window, now, block)
@@ -153,7 +153,7 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
             results = [bytes(r) if isinstance(r, rounds.Granted) else r for r in results]
         return real_won(self, results, started, quorum, now)
 
-    with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "book", book), \
+    with _patch(books.NodeBooks, "prepare", prepare), _patch(books.NodeBooks, "book", book), \
             _patch(base.Attempts, "won", won):
         yield
 
@@ -283,7 +283,7 @@ def extension_recreates_over_another_holder() -> Any:
 
 def extension_recreates_while_sitting_out() -> Any:
     """An extension may set a lost key again on any node, one still sitting out under the delayed-restart rule too."""
-    return _patch(rounds.NodeBooks, "recreating", lambda self, conn, command, window, now: command)
+    return _patch(books.NodeBooks, "recreating", lambda self, conn, command, window, now: command)
 
 
 def fence_from_the_first_member() -> Any:
