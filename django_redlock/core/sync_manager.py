@@ -14,7 +14,7 @@ from django_redlock.core.extender import Extender
 from django_redlock.core.held import HeldLocks, LockBase
 from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, close_nodes, fanout, parse_nodes
-from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
+from django_redlock.core.listing import Rows, Scan, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.status import status_of
 
@@ -142,7 +142,7 @@ class ManagerBase:
         return steps.force_release(self.config, self.node_list, resource)
 
     def _listing(self, match: str | None, rows: Rows | None, order: str, state: str | None = None) -> steps.Step:
-        return read_listing(self.config, self.node_list, self.quorum, match, rows, order, state)
+        return read_listing(Scan(self.config, self.node_list, self.quorum, match, rows, order, state=state))
 
     def _record(self, resource: str) -> steps.Step:
         return read_record(self.config, self.node_list, self.quorum, resource)
