@@ -6,7 +6,7 @@ import select
 import socket
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -125,9 +125,7 @@ class Wire(ConnState):
             return None
         except OSError as exc:
             raise _socket_error(exc, "reading from") from None
-        if not data:
-            raise RedisConnectionError("Connection closed by server.")
-        return data
+        return data or _closed()
 
     def arrived_reply(self) -> Any:
         """The next reply if all of it has arrived, else :data:`~django_redlock.core.resp.INCOMPLETE`;
@@ -195,9 +193,7 @@ class Wire(ConnState):
                         raise socket.timeout from None
         except OSError as exc:
             raise _socket_error(exc, "reading from") from None
-        if not data:
-            raise RedisConnectionError("Connection closed by server.")
-        return data
+        return data or _closed()
 
     def disconnect(self) -> None:
         self.conn.disconnect()
@@ -208,6 +204,11 @@ def _socket_error(exc: OSError, doing: str) -> Exception:
     if isinstance(exc, socket.timeout):
         return RedisTimeoutError(f"Timeout {doing} socket")
     return RedisConnectionError(f"Error {doing} socket: {exc.__class__.__name__}")
+
+
+def _closed() -> NoReturn:
+    """What an empty read means: the server closed the connection."""
+    raise RedisConnectionError("Connection closed by server.")
 
 
 def _ready(fd: int, events: int, timeout: float) -> bool:
