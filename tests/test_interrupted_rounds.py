@@ -14,7 +14,7 @@ import signal
 import time
 
 from django_redlock.core import LockManager, clock, steps
-from django_redlock.core.rounds import Failure
+from django_redlock.core.books import Failure
 
 
 class Interrupt(BaseException):

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from django_redlock import get_lock_manager
 from django_redlock.core import AsyncLockManager, LockManager, steps
-from django_redlock.core.listing import NODE_WAIT, ORDERS, read_listing, without_gc
+from django_redlock.core.listing import NODE_WAIT, ORDERS, Scan, read_listing, without_gc
 from django_redlock.core.records import Holder
 from django_redlock.core.scripts import LIST
 from django_redlock.exceptions import LockNotAcquired, QuorumUnavailable
@@ -454,7 +454,7 @@ def test_silent_nodes_cost_the_walk_one_round_within_the_node_timeout(servers):
                     fans.append(effect)
                 return manager._perform(effect)
 
-            step = read_listing(manager.config, manager.node_list, manager.quorum, rows=slice(0, 100))
+            step = read_listing(Scan(manager.config, manager.node_list, manager.quorum, rows=slice(0, 100)))
             listing = steps.run_sync(step, perform)
             reaching = [fan for fan in fans if fan.commands[1] is not None or fan.commands[2] is not None]
             assert len(reaching) == 1 and reaching[0].timeout == NODE_WAIT and not reaching[0].allow_lagging

@@ -16,7 +16,8 @@ import redis
 
 from django_redlock.core import AsyncLockManager, LockManager, clock, steps
 from django_redlock.core.base import ManagerConfig
-from django_redlock.core.rounds import NEW, PARKED, ConnState, NodeBooks, Round
+from django_redlock.core.books import NEW, PARKED, ConnState, NodeBooks
+from django_redlock.core.rounds import Round
 from tests.conftest import eventually, eventually_async
 from tests.proxy import Proxy
 

@@ -18,7 +18,7 @@ import threading
 
 import redis
 
-from django_redlock.core import AsyncLockManager, LockManager, clock, ledger
+from django_redlock.core import AsyncLockManager, LockManager, clock, entries
 from django_redlock.exceptions import LockError, LockLost
 from tests.conftest import eventually, eventually_async
 
@@ -47,7 +47,7 @@ def test_a_release_held_up_between_its_writes_is_not_raced_by_its_own_debt(serve
     outcome: list[BaseException | None] = []
 
     def checkout(rnd, i, now, pid=None):
-        if rnd.kind == ledger.RELEASE and threading.current_thread() is holder and not reached.is_set():
+        if rnd.kind == entries.RELEASE and threading.current_thread() is holder and not reached.is_set():
             reached.set()  # nodes 0 and 1 have the release; nodes 2-4 not yet
             go.wait(10)
         return real_checkout(rnd, i, now, pid)

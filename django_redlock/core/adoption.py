@@ -9,7 +9,7 @@ from typing import Any
 from django_redlock.core.base import failures_of, lost_error
 from django_redlock.core.config import ManagerConfig, check_resources, name_of
 from django_redlock.core.records import Holder
-from django_redlock.core.rounds import Failure
+from django_redlock.core.books import Failure
 from django_redlock.exceptions import QuorumUnavailable
 
 __all__ = ["Adoption"]

@@ -1,7 +1,7 @@
 """The asyncio driver: connections read by a protocol, and the fan-out on the running loop.
 
 Each connection's transport is read by a protocol (:class:`AConn`) that parses
-and books every reply the moment it arrives (see :mod:`django_redlock.core.ledger`),
+and books every reply the moment it arrives (see :mod:`django_redlock.core.entries`),
 whether or not a caller still waits for it. A fan-out writes every command
 before awaiting anything, then waits on the replies it wants until the outcome
 is known or ``node_timeout`` passes. Nothing a caller does (giving up, being
@@ -25,7 +25,8 @@ from redis.exceptions import RedisError
 from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
 from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack, pack_write
-from django_redlock.core.rounds import NEW, ConnState, NodeBooks, NodeUnavailable, Round
+from django_redlock.core.books import NEW, ConnState, NodeBooks, NodeUnavailable
+from django_redlock.core.rounds import Round
 from django_redlock.core.steps import Fan
 
 __all__ = ["AConn", "AsyncNode", "afanout", "settle_and_close"]
@@ -36,7 +37,7 @@ class AConn(ConnState, asyncio.Protocol):
 
     redis.asyncio makes the connection (TCP or TLS, AUTH, SELECT); then this
     protocol takes the transport over. Every reply is parsed and booked the
-    moment it arrives (see :mod:`django_redlock.core.ledger`), whether or not
+    moment it arrives (see :mod:`django_redlock.core.entries`), whether or not
     a caller still waits for it: no reader task, no parser round trip through
     redis-py. When nothing is pending any more, the connection is idle again.
     """

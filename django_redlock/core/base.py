@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from django_redlock.core import config, forks, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
-from django_redlock.core.rounds import Failure, Granted
+from django_redlock.core.books import Failure
+from django_redlock.core.rounds import Granted
 from django_redlock.core.records import ForcedRelease, agreed_holder
 from django_redlock.core.scripts import (
     ACQUIRE,

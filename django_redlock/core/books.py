@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from django_redlock.core import ledger
-from django_redlock.core.entries import MARK
-from django_redlock.core.ledger import PROBE, Entry, Ledger, Restart, Waiter
+from django_redlock.core import entries, ledger
+from django_redlock.core.entries import MARK, Entry, Ledger, Waiter
+from django_redlock.core.ledger import PROBE, Restart
 from django_redlock.core.scripts import DATASET, EXTEND
 
 __all__ = [
@@ -305,13 +305,13 @@ class NodeBooks(Generic[C]):
         if self.ledger.debts:
             for debt in self.ledger.due(now, self.node_timeout):
                 extra.append(debt.command)
-                paid = Entry(ledger.RELEASE, debt.key, debt.value)
+                paid = Entry(entries.RELEASE, debt.key, debt.value)
                 paid.proves = self.ledger.ordered(expect, debt.key, debt.value)
                 expect.append(paid)
         if window > 0 and conn.restart is None and not conn.probing:
             extra.extend(PROBE)
             conn.probing = True
-            expect.extend(Entry(ledger.PROBE_REPLY) for _ in PROBE)
+            expect.extend(Entry(entries.PROBE_REPLY) for _ in PROBE)
             if self.dataset_key is not None and mine.value is not None:
                 seed = f"{mine.value}@{self.name}"  # one vote probes every node: the name tells them apart
                 extra.append(("EVAL", DATASET.source, 1, self.dataset_key, seed))
@@ -320,11 +320,11 @@ class NodeBooks(Generic[C]):
             # TIME on each side of the BLPOP: the vote behind it runs no earlier than the second.
             wakes, seconds = block
             extra += [("TIME",), ("BLPOP", *wakes, f"{seconds:.3f}"), ("TIME",)]
-            expect += [Entry(ledger.STAMP), Entry(ledger.WAKE), Entry(ledger.STAMP)]
+            expect += [Entry(entries.STAMP), Entry(entries.WAKE), Entry(entries.STAMP)]
             conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
-        if mine.kind == ledger.SET:
+        if mine.kind == entries.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
-        elif mine.kind == ledger.RELEASE:
+        elif mine.kind == entries.RELEASE:
             mine.proves = self.ledger.ordered(expect, mine.key, mine.value)
         expect.append(mine)
         return extra
@@ -347,38 +347,38 @@ class NodeBooks(Generic[C]):
         restart, last = conn.restart, self.history.last
         if restart is not None and last is not None and restart.run_id == last.run_id:
             self.history.heard = now  # that server still answers (see ledger.moved)
-        if kind == ledger.RELEASE:
+        if kind == entries.RELEASE:
             self.ledger.settle(entry, reply, now)
-        elif kind == ledger.SET:
+        elif kind == entries.SET:
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
             # Only its own write's two stamps come since the last vote on this connection (a vote
             # sent again after NOSCRIPT has none: it counts no wait).
             conn.waited, conn.stamps = node_wait(conn.stamps), []
-        elif kind == ledger.STAMP:
+        elif kind == entries.STAMP:
             conn.stamps.append(reply)
-        elif kind == ledger.PROBE_REPLY:
+        elif kind == entries.PROBE_REPLY:
             self._learn(conn, reply, now)
         elif kind == MARK:
             self._learn_dataset(conn, ledger.token_of(reply), now)
-        elif kind == ledger.PART:
+        elif kind == entries.PART:
             conn.parts.append(reply)
-        elif kind == ledger.WAKE:
+        elif kind == entries.WAKE:
             conn.quiet_until = 0.0  # woken (or the wait ran out): the vote behind it is due now
-        if isinstance(reply, Exception) and kind in (ledger.SET, ledger.OTHER):
+        if isinstance(reply, Exception) and kind in (entries.SET, entries.OTHER):
             self._refused(conn, reply, now)
         waiter = entry.waiter
         resend = None
         if entry.retry is not None and type(reply).__name__ == "NoScriptError":
             conn.scripts.clear()  # the server forgot its scripts (SCRIPT FLUSH): sources go out again
-            if waiter is None and kind not in ledger.LATE_WORTH_RUNNING:
+            if waiter is None and kind not in entries.LATE_WORTH_RUNNING:
                 resend = plain_extension(entry.retry)
                 if resend is not None:
-                    conn.expect.append(Entry(ledger.EXTEND, entry.key, entry.value))  # a vote is never sent late
+                    conn.expect.append(Entry(entries.EXTEND, entry.key, entry.value))  # a vote is never sent late
             else:
                 # Send the script's source, once, in the same order (also when nobody waits any more).
-                again = ledger.after_noscript(entry)
+                again = entries.after_noscript(entry)
                 conn.expect.append(again)
-                if kind == ledger.SET:  # the vote is in flight again: a release elsewhere may run before it
+                if kind == entries.SET:  # the vote is in flight again: a release elsewhere may run before it
                     self.ledger.set_sent(entry.key, entry.value)  # type: ignore[arg-type]
                 if waiter is not None:
                     waiter.replaced(entry, again, now)
@@ -396,7 +396,7 @@ class NodeBooks(Generic[C]):
         elif taken:
             self.checkin(conn, now, now)
         if waiter is not None:
-            if kind == ledger.RELEASE:
+            if kind == entries.RELEASE:
                 reply = self.ledger.released(entry, reply)
             waiter.take(entry, reply, now)
         return taken, resend

@@ -11,12 +11,13 @@
   next command written to that node, until the key's ttl has surely passed.
 
 No sockets, no clock reads, no threads here: callers pass the time in and
-hold the node's mutex. :mod:`django_redlock.core.ledger` re-exports these names.
+hold the node's mutex.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
@@ -85,31 +86,21 @@ class Waiter(Protocol):
     def replaced(self, old: Entry, new: Entry, now: float) -> None: ...
 
 
+@dataclass(slots=True, eq=False)
 class Entry:
     """One command written to a connection whose reply has not been read yet."""
 
-    __slots__ = ("kind", "key", "value", "ttl", "waiter", "retry", "proves")
-
-    def __init__(
-        self,
-        kind: Kind,
-        key: str | None = None,
-        value: str | None = None,
-        ttl: float = 0.0,
-        waiter: Waiter | None = None,
-        retry: tuple[Any, ...] | None = None,
-    ) -> None:
-        self.kind = kind
-        self.key = key
-        self.value = value
-        #: For a SET: how long its key lives once it lands (seconds).
-        self.ttl = ttl
-        #: What to send instead if the reply is NOSCRIPT (the script's source), sent once.
-        self.retry = retry
-        #: Who waits for the reply (the driver's business), or None once nobody does.
-        self.waiter = waiter
-        #: For a RELEASE: a reply of 0 proves the key gone (see :meth:`Ledger.ordered`).
-        self.proves = True
+    kind: Kind
+    key: str | None = None
+    value: str | None = None
+    #: For a SET: how long its key lives once it lands (seconds).
+    ttl: float = 0.0
+    #: Who waits for the reply (the driver's business), or None once nobody does.
+    waiter: Waiter | None = None
+    #: What to send instead if the reply is NOSCRIPT (the script's source), sent once.
+    retry: tuple[Any, ...] | None = None
+    #: For a RELEASE: a reply of 0 proves the key gone (see :meth:`Ledger.ordered`).
+    proves: bool = field(default=True, init=False)
 
     def __repr__(self) -> str:
         return f"<Entry {self.kind.name} {self.key!r}>"
@@ -168,24 +159,20 @@ class Owing:
         self.over = False
 
 
+@dataclass(slots=True, eq=False)
 class Debt:
-    __slots__ = ("key", "value", "until", "paid_at", "command", "owing", "deleted")
-
-    def __init__(
-        self, key: str, value: str, until: float, paid_at: float, command: tuple[Any, ...], owing: Owing | None = None
-    ) -> None:
-        self.key = key
-        self.value = value
-        #: The release to send (as EVAL: no NOSCRIPT to handle).
-        self.command = command
-        #: After this (monotonic) time the key has surely expired: forget the debt.
-        self.until = until
-        #: When a release for it was last written (not again while that one is in flight).
-        self.paid_at = paid_at
-        #: The round that owes it, while that round may still write or wait for its own release here.
-        self.owing = owing
-        #: A payment deleted the key while its round ran: that round's own 0 here counts as deleted.
-        self.deleted = False
+    key: str
+    value: str
+    #: After this (monotonic) time the key has surely expired: forget the debt.
+    until: float
+    #: When a release for it was last written (not again while that one is in flight).
+    paid_at: float
+    #: The release to send (as EVAL: no NOSCRIPT to handle).
+    command: tuple[Any, ...]
+    #: The round that owes it, while that round may still write or wait for its own release here.
+    owing: Owing | None = None
+    #: A payment deleted the key while its round ran: that round's own 0 here counts as deleted.
+    deleted: bool = field(default=False, init=False)
 
     def held(self) -> bool:
         """True while the round that owes it runs (its own release is written, or about to be)."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from django_redlock.core import base, forks, owners
 from django_redlock.core.config import ManagerConfig
 from django_redlock.core.records import Holder
-from django_redlock.core.rounds import Failure
+from django_redlock.core.books import Failure
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = ["HeldLocks", "LockBase", "Manager", "check_fence_written"]

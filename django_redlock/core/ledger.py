@@ -4,8 +4,7 @@ No sockets, no clock reads, no threads here: callers pass the time in and
 hold the node's mutex. The sync and asyncio drivers both keep their books
 with these classes, so the rules are written once:
 
-- **Replies in order** and **release debts**: see :mod:`django_redlock.core.entries`
-  (re-exported here).
+- **Replies in order** and **release debts**: see :mod:`django_redlock.core.entries`.
 - **Restart state per connection.** A connection votes only once the probe
   sent on it (INFO server and replication, persistence) has been read: a node
   whose restart state is unknown does not vote (fail closed). What the probes
@@ -23,67 +22,23 @@ from typing import Any
 
 from django_redlock.core import forks
 from django_redlock.core.scripts import REPLACED
-from django_redlock.core.entries import (
-    DEBTS_PER_WRITE,
-    EXTEND,
-    LATE_WORTH_RUNNING,
-    MAX_DEBTS,
-    OTHER,
-    PART,
-    PROBE_REPLY,
-    RELEASE,
-    SET,
-    STAMP,
-    WAKE,
-    Debt,
-    Entry,
-    Kind,
-    Ledger,
-    Owing,
-    Waiter,
-    after_noscript,
-    debt_command,
-    entry_for,
-    pair_of,
-)
 
 __all__ = [
-    "DEBTS_PER_WRITE",
-    "EXTEND",
-    "LATE_WORTH_RUNNING",
-    "MAX_DEBTS",
-    "OTHER",
-    "PART",
     "PROBE",
-    "PROBE_REPLY",
     "REPLACED_DATASET",
-    "RELEASE",
-    "SET",
-    "STAMP",
-    "WAKE",
-    "Debt",
-    "Entry",
     "History",
-    "Kind",
-    "Ledger",
-    "Owing",
     "Restart",
-    "after_noscript",
     "config_value",
-    "debt_command",
     "denied",
-    "entry_for",
     "history_for",
     "learn",
     "moved",
-    "pair_of",
     "parse_info",
     "probe_info",
     "replaced_token",
     "sure_uptime",
     "token_of",
     "vote_refusal",
-    "Waiter",
 ]
 
 #: Sent ahead of the first vote on a new connection (one round trip): is this node freshly restarted,

@@ -24,11 +24,11 @@ from django_redlock.core.records import (
     ttl_of,
     waiting_of,
 )
-from django_redlock.core.rounds import Failure
+from django_redlock.core.books import Failure
 from django_redlock.core.scripts import INSPECT, LIST
 from django_redlock.core.steps import Fan, Step
 
-__all__ = ["ORDERS", "Order", "Rows", "read_listing", "read_locked", "read_record"]
+__all__ = ["ORDERS", "Order", "Rows", "Scan", "read_listing", "read_locked", "read_record"]
 
 #: How long a node gets to answer a reading's first call (or the node timeout, if longer). A node
 #: silent that long is left out of the rest of the reading, so nodes that are down cost one such wait.
@@ -109,22 +109,9 @@ ORDERS: dict[str, Order] = {
 Rows = slice | Callable[[int], slice]
 
 
-def read_listing(
-    config: ManagerConfig,
-    nodes: Sequence[Any],
-    quorum: int,
-    match: str | None = None,
-    rows: Rows | None = None,
-    order: str = "resource",
-    state: str | None = None,
-) -> Step:
-    """The live locks, as :meth:`~django_redlock.core.LockManager.lock_listing` describes them."""
-    return _read(Scan(config, nodes, quorum, match, rows, order, state=state))
-
-
 def read_record(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resource: str) -> Step:
     """One resource's record (None when no node holds its key), reading that key alone."""
-    listing = yield from _read(Scan(config, nodes, quorum, keys=[config.key(check_name(resource))]))
+    listing = yield from read_listing(Scan(config, nodes, quorum, keys=[config.key(check_name(resource))]))
     return listing.records[0] if listing.records else None
 
 
@@ -135,8 +122,9 @@ def read_locked(config: ManagerConfig, nodes: Sequence[Any], quorum: int, resour
     return locked_of(resource, nodes, replies, quorum)
 
 
-def _read(scan: Scan) -> Step:
-    """Walk, then inspect. Nodes that are down cost one wait: the first call waits
+def read_listing(scan: Scan) -> Step:
+    """The live locks ``scan`` reads, as :meth:`~django_redlock.core.LockManager.lock_listing` describes
+    them: walk, then inspect. Nodes that are down cost one wait: the first call waits
     :data:`NODE_WAIT` for every node, a node silent by then is left out of the
     later calls, and a node whose earlier reply is still overdue is not waited
     for at all (``allow_lagging=False``). A node that sits out after a restart

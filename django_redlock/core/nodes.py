@@ -31,15 +31,8 @@ from django_redlock.core import clock, sentinel
 from django_redlock.core.ledger import parse_info
 from django_redlock.core.node_spec import NodeConfig, NodeSpec, config_from_spec, describe, parse_specs
 from django_redlock.core.resp import INCOMPLETE, pack, pack_write
-from django_redlock.core.rounds import (
-    IDLE_CHECK,
-    MAX_PENDING,
-    NEW,
-    Failure,
-    NodeBooks,
-    NodeUnavailable,
-    Round,
-)
+from django_redlock.core.books import IDLE_CHECK, MAX_PENDING, NEW, Failure, NodeBooks, NodeUnavailable
+from django_redlock.core.rounds import Round
 from django_redlock.core.scripts import script_command
 from django_redlock.core.steps import Fan
 from django_redlock.core.wire import Wire

@@ -26,44 +26,27 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Literal, Protocol, Union
 
-from django_redlock.core import ledger
+from django_redlock.core import entries, ledger
 from django_redlock.core.books import (
-    COOL_OFF,
-    IDLE,
-    IDLE_CHECK,
-    MAX_PENDING,
     NEW,
     PARKED,
     C,
     Command,
-    ConnState,
     Failure,
     NodeBooks,
     NodeUnavailable,
     ms_text,
-    node_wait,
     quiet_for,
 )
-from django_redlock.core.ledger import Entry, entry_for, pair_of
+from django_redlock.core.entries import Entry, entry_for, pair_of
 from django_redlock.core.records import printable
 from django_redlock.core.scripts import ACQUIRE, EXTEND, GUARDED, RELEASE, VOTE, Script
 
 __all__ = [
-    "COOL_OFF",
-    "IDLE",
-    "IDLE_CHECK",
-    "MAX_PENDING",
-    "NEW",
-    "PARKED",
-    "ConnState",
     "Description",
-    "Failure",
     "Granted",
-    "NodeBooks",
-    "NodeUnavailable",
     "Opened",
     "Round",
-    "node_wait",
 ]
 
 class Granted(bytes):
@@ -126,7 +109,7 @@ class Round(Generic[C]):
     the books. ``fan`` (a :class:`Description`) says the rest: with ``restart_window``, replies are
     votes and the delayed-restart rule applies (an extension's are not: the rule decides
     where it may re-create a key, see ``NodeBooks.recreating``). With ``owe=(key, value, ttl)``, every node
-    owes the release of that value first (see :class:`~django_redlock.core.ledger.Ledger`).
+    owes the release of that value first (see :class:`~django_redlock.core.entries.Ledger`).
     """
 
     def __init__(self, books: Sequence[NodeBooks[C]], fan: Description, *, now: float, timeout: float) -> None:
@@ -143,13 +126,13 @@ class Round(Generic[C]):
         self.script = script
         first = next((c for c in commands if c is not None), None)
         if script is RELEASE:
-            self.kind = ledger.RELEASE
+            self.kind = entries.RELEASE
         elif script is EXTEND:
-            self.kind = ledger.EXTEND
+            self.kind = entries.EXTEND
         elif script is ACQUIRE or script is VOTE or (first is not None and first[0] == "SET"):
-            self.kind = ledger.SET  # a vote
+            self.kind = entries.SET  # a vote
         else:
-            self.kind = ledger.OTHER
+            self.kind = entries.OTHER
         self.block = block
         self.ordered_after_key = fan.ordered_after_key
         self.allow_lagging = fan.allow_lagging
@@ -168,18 +151,18 @@ class Round(Generic[C]):
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
-        #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.ledger.Owing`).
-        self.owing: ledger.Owing | None = None
+        #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.entries.Owing`).
+        self.owing: entries.Owing | None = None
         owe = fan.owe
         if owe is not None:
-            self.owing = ledger.Owing()
+            self.owing = entries.Owing()
             key, value, ttl = owe
             debts: dict[int, Command] = {}  # the same command usually goes to every node
             for book, command in zip(books, commands):
                 if command is not None:
                     debt = debts.get(id(command))
                     if debt is None:
-                        debt = debts[id(command)] = ledger.debt_command(command, RELEASE.source)
+                        debt = debts[id(command)] = entries.debt_command(command, RELEASE.source)
                     # Owed until proven done, or until the key has surely expired.
                     book.ledger.owe(key, value, now + ttl + book.stale_limit, now, debt, self.owing)
 
@@ -193,7 +176,7 @@ class Round(Generic[C]):
             return None
         book = self.books[i]
         # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
-        after = pair_of(command) if self.ordered_after_key is not None and self.kind == ledger.RELEASE else None
+        after = pair_of(command) if self.ordered_after_key is not None and self.kind == entries.RELEASE else None
         while True:
             try:
                 kind, conn, since = book.choose(after, self.allow_lagging, now)
@@ -246,9 +229,9 @@ class Round(Generic[C]):
     def _write_several(self, i: int, conn: C, commands: Command, now: float) -> list[Command]:
         """Several commands (e.g. ``ledger.PROBE``) for node ``i`` in one write: its result is the list
         of their replies, error replies included."""
-        extra = self.books[i].prepare(conn, Entry(ledger.PART), self.window, now, self.block)
-        conn.expect.extend(Entry(ledger.PART) for _ in commands[2:])
-        mine = Entry(ledger.OTHER, waiter=self)
+        extra = self.books[i].prepare(conn, Entry(entries.PART), self.window, now, self.block)
+        conn.expect.extend(Entry(entries.PART) for _ in commands[2:])
+        mine = Entry(entries.OTHER, waiter=self)
         conn.expect.append(mine)
         self.waiting[mine] = (i, conn)
         self._mine[i] = mine

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from django_redlock.core import clock, ledger
 from django_redlock.core.base import ManagerConfig, NodeSeen
 from django_redlock.core.records import NodeStatus
-from django_redlock.core.rounds import NOT_AWAITED, QUEUED, SKIPPED, Failure, describe_error
+from django_redlock.core.books import Failure
+from django_redlock.core.rounds import NOT_AWAITED, QUEUED, SKIPPED, describe_error
 from django_redlock.core.steps import Fan, Step
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_redlock.core import base, held, rounds
+from django_redlock.core import base, books, held, rounds
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.resp import pack_each
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, FENCE_READ, INSPECT, RELEASE, Script, script_command
@@ -297,7 +297,7 @@ def extend(lock: held.LockBase, ttl: Any, automatic: bool, quorum: int, total: i
         base.call_hook(hooks, "extension_finished", lock, automatic, False)
         # Gone from a majority: what it set again goes too, also where a reply is not in yet (or never
         # came) and the extension may still set the keys; the release goes behind it on each node.
-        unsure = [again or reply is None or isinstance(reply, rounds.Failure) for again, reply in zip(healed, results)]
+        unsure = [again or reply is None or isinstance(reply, books.Failure) for again, reply in zip(healed, results)]
         if lock.lost and any(unsure):
             yield release_fan(config, total, lock.resources, lock.value, new_ttl, only=unsure, background=True)
         raise

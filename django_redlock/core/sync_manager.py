@@ -14,7 +14,7 @@ from django_redlock.core.extender import Extender
 from django_redlock.core.held import HeldLocks, LockBase
 from django_redlock.core.lock import Lock, LockContext
 from django_redlock.core.nodes import Node, NodeSpec, close_nodes, fanout, parse_nodes
-from django_redlock.core.listing import Rows, read_listing, read_locked, read_record
+from django_redlock.core.listing import Rows, Scan, read_listing, read_locked, read_record
 from django_redlock.core.records import ForcedRelease, LockListing, LockRecord, NodeStatus
 from django_redlock.core.status import status_of
 
@@ -43,20 +43,9 @@ class ManagerBase:
         restart_window: float | None = None,
         max_ttl: float = DEFAULT_MAX_TTL,
     ) -> None:
-        self.config = ManagerConfig(
-            ttl=ttl,
-            retry_count=retry_count,
-            retry_delay=retry_delay,
-            retry_jitter=retry_jitter,
-            clock_drift_factor=clock_drift_factor,
-            node_timeout=node_timeout,
-            key_prefix=key_prefix,
-            max_extensions=max_extensions,
-            label=label,
-            hooks=hooks,
-            restart_window=restart_window,
-            max_ttl=max_ttl,
-        )
+        options = dict(locals())  # the keyword arguments above, each checked by ManagerConfig
+        del options["self"], options["nodes"]
+        self.config = ManagerConfig(**options)
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
         self._names = tuple(node.name for node in self.node_list)
         self.quorum = base.quorum_of(len(self.node_list))  # looked up on base: a simulator mutant patches it
@@ -138,7 +127,7 @@ class ManagerBase:
         return steps.force_release(self.config, self.node_list, resource)
 
     def _listing(self, match: str | None, rows: Rows | None, order: str, state: str | None = None) -> steps.Step:
-        return read_listing(self.config, self.node_list, self.quorum, match, rows, order, state)
+        return read_listing(Scan(self.config, self.node_list, self.quorum, match, rows, order, state=state))
 
     def _record(self, resource: str) -> steps.Step:
         return read_record(self.config, self.node_list, self.quorum, resource)

@@ -6,7 +6,7 @@ import select
 import socket
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -69,10 +69,8 @@ class Wire(ConnState):
                 sent = 0
             if sent < len(data):
                 self._send_rest(memoryview(data)[sent:])
-        except socket.timeout:
-            raise RedisTimeoutError("Timeout writing to socket") from None
         except OSError as exc:
-            raise RedisConnectionError(f"Error writing to socket: {exc.__class__.__name__}") from None
+            raise _socket_error(exc, "writing to") from None
 
     def _send_rest(self, data: memoryview) -> None:
         """The send buffer is full: wait for room, at most the node timeout in all."""
@@ -125,13 +123,9 @@ class Wire(ConnState):
                 data = sock.recv(262144)
         except (BlockingIOError, ssl.SSLWantReadError):
             return None
-        except socket.timeout:
-            raise RedisTimeoutError("Timeout reading from socket") from None
         except OSError as exc:
-            raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
-        if not data:
-            raise RedisConnectionError("Connection closed by server.")
-        return data
+            raise _socket_error(exc, "reading from") from None
+        return data or _closed()
 
     def arrived_reply(self) -> Any:
         """The next reply if all of it has arrived, else :data:`~django_redlock.core.resp.INCOMPLETE`;
@@ -197,16 +191,24 @@ class Wire(ConnState):
                     deadline = deadline or now + self._timeout
                     if not _ready(self.fd, select.POLLIN, deadline - now):
                         raise socket.timeout from None
-        except socket.timeout:
-            raise RedisTimeoutError("Timeout reading from socket") from None
         except OSError as exc:
-            raise RedisConnectionError(f"Error reading from socket: {exc.__class__.__name__}") from None
-        if not data:
-            raise RedisConnectionError("Connection closed by server.")
-        return data
+            raise _socket_error(exc, "reading from") from None
+        return data or _closed()
 
     def disconnect(self) -> None:
         self.conn.disconnect()
+
+
+def _socket_error(exc: OSError, doing: str) -> Exception:
+    """What a failed socket call raises: a timeout, or a lost connection (``doing``: "reading from")."""
+    if isinstance(exc, socket.timeout):
+        return RedisTimeoutError(f"Timeout {doing} socket")
+    return RedisConnectionError(f"Error {doing} socket: {exc.__class__.__name__}")
+
+
+def _closed() -> NoReturn:
+    """What an empty read means: the server closed the connection."""
+    raise RedisConnectionError("Connection closed by server.")
 
 
 def _ready(fd: int, events: int, timeout: float) -> bool:

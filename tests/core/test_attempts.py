@@ -8,7 +8,8 @@ import pytest
 
 from django_redlock.core import base
 from django_redlock.core.records import Holder
-from django_redlock.core.rounds import Failure, Granted
+from django_redlock.core.books import Failure
+from django_redlock.core.rounds import Granted
 from django_redlock.core.scripts import ACQUIRE, NO_PLACE
 
 OK = b"OK"

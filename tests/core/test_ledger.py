@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from django_redlock.core import ledger
-from django_redlock.core.ledger import RELEASE, SET, Entry, Ledger
+from django_redlock.core import entries, ledger
+from django_redlock.core.entries import RELEASE, SET, Entry, Ledger
 
 KEY, VALUE = "redlock:lock:a", "v1"
 COMMAND = ("EVAL", "release source", 3, KEY, "q", "p", VALUE)
@@ -59,7 +59,7 @@ def test_a_dropped_connection_keeps_the_debt_until_its_set_surely_expired() -> N
     books = Ledger()
     books.set_sent(KEY, VALUE)
     books.owe(KEY, VALUE, until=10.0, now=0.0, command=COMMAND)
-    books.dropped([Entry(SET, KEY, VALUE, 10.0), Entry(ledger.OTHER)], until=20.0)
+    books.dropped([Entry(SET, KEY, VALUE, 10.0), Entry(entries.OTHER)], until=20.0)
     assert not books.unanswered  # no longer in flight on a live connection...
     assert books.debts[(KEY, VALUE)].until == 20.0  # ...but its bytes may still land
     books.settle(release(), 0, now=5.0)
@@ -89,9 +89,9 @@ def test_owing_again_keeps_the_later_expiry_and_counts_as_paid_now() -> None:
 
 def test_one_write_carries_at_most_debts_per_write() -> None:
     books = Ledger()
-    for i in range(ledger.DEBTS_PER_WRITE + 5):
+    for i in range(entries.DEBTS_PER_WRITE + 5):
         books.owe(KEY, f"v{i}", until=60.0, now=0.0, command=COMMAND)
-    assert len(books.due(1.0, retry_after=0.5)) == ledger.DEBTS_PER_WRITE
+    assert len(books.due(1.0, retry_after=0.5)) == entries.DEBTS_PER_WRITE
     assert len(books.due(1.0, retry_after=0.5)) == 5  # the rest ride on the next write
 
 
@@ -102,12 +102,12 @@ def test_past_max_debts_the_oldest_goes_and_expired_ones_go_first() -> None:
     assert [value for _, value in books.debts] == ["v1", "v2", "v3"]
     books.owe(KEY, "late", until=100.0, now=61.0, command=COMMAND)  # v1..v3 have surely expired
     assert [value for _, value in books.debts] == ["late"]
-    assert ledger.MAX_DEBTS == Ledger().max_debts
+    assert entries.MAX_DEBTS == Ledger().max_debts
 
 
 def test_a_debt_is_not_paid_while_the_round_that_owes_it_runs() -> None:
     books = Ledger()
-    owing = ledger.Owing()
+    owing = entries.Owing()
     books.owe(KEY, VALUE, until=5.0, now=0.0, command=COMMAND, owing=owing)
     assert books.due(2.0, retry_after=1.0) == []  # its round is held up before this node: its own release comes
     owing.over = True
@@ -116,7 +116,7 @@ def test_a_debt_is_not_paid_while_the_round_that_owes_it_runs() -> None:
 
 def test_a_payment_that_deleted_the_key_while_its_round_runs_makes_the_rounds_0_a_deletion() -> None:
     books = Ledger()
-    owing = ledger.Owing()
+    owing = entries.Owing()
     books.owe(KEY, VALUE, until=5.0, now=0.0, command=COMMAND, owing=owing)
     books.settle(release(), 1, now=0.1)  # a payment written before the round began
     own = Entry(RELEASE, KEY, VALUE, waiter=object())  # type: ignore[arg-type]
@@ -139,10 +139,10 @@ def _extension(recreate: bool) -> tuple:
 
 
 def test_an_extension_that_may_set_a_key_again_is_booked_as_a_vote() -> None:
-    recreating = ledger.entry_for(_extension(True), ledger.EXTEND, None)
-    plain = ledger.entry_for(_extension(False), ledger.EXTEND, None)
+    recreating = entries.entry_for(_extension(True), entries.EXTEND, None)
+    plain = entries.entry_for(_extension(False), entries.EXTEND, None)
     assert (recreating.kind, recreating.key, recreating.value, recreating.ttl) == (SET, "redlock:lock:r", VALUE, 2.0)
-    assert (plain.kind, plain.key, plain.value) == (ledger.EXTEND, "redlock:lock:r", VALUE)
+    assert (plain.kind, plain.key, plain.value) == (entries.EXTEND, "redlock:lock:r", VALUE)
 
 
 def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() -> None:
@@ -153,13 +153,13 @@ def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() ->
     books: NodeBooks = NodeBooks("n", 0.05)
     conn = ConnState()
     command = _extension(True)
-    entry = ledger.entry_for(command, ledger.EXTEND, None, retry=command)
+    entry = entries.entry_for(command, entries.EXTEND, None, retry=command)
     books.prepare(conn, entry, 0.0, 0.0)
     assert books.ledger.unanswered == {("redlock:lock:r", VALUE): 1}
     taken, resend = books.book(conn, NoScriptError("NOSCRIPT"), 0.01)  # nobody waits any more
     assert books.ledger.unanswered == {}
     (again,) = conn.expect
-    assert not taken and again.kind == ledger.EXTEND and resend is not None
+    assert not taken and again.kind == entries.EXTEND and resend is not None
     assert resend[:-3] == command[:-3] and resend[-3] == "" and resend[-2:] == command[-2:]
     assert books.book(conn, 1, 0.015) == (False, None) and not conn.expect  # the plain extension's reply
     # A vote (or another script) answered NOSCRIPT late is not sent again.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.core import ledger, steps
+from django_redlock.core import entries, ledger, steps
 from django_redlock.core.base import ManagerConfig
 from django_redlock.core.books import COOL_OFF, NEW, PARKED, ConnState, Failure, NodeBooks
 from django_redlock.core.rounds import Round
@@ -189,7 +189,7 @@ def test_a_release_queues_behind_its_own_vote_on_the_parked_connection() -> None
     assert opened != NEW and opened is not None
     conn, since, wire = opened
     assert conn is voted and since == vote.sent_at  # ordered after the SET it releases
-    assert [e.kind for e in conn.expect] == [ledger.SET, ledger.RELEASE]
+    assert [e.kind for e in conn.expect] == [entries.SET, entries.RELEASE]
     assert conn.expect[1].proves  # every SET of the value is ahead of it on this connection
     driver.send(release, 0, conn, since, wire, 0.002)
     assert driver.reply(0, OK, 0.003, release) is False  # the vote's reply: not the release's

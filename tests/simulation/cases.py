@@ -547,7 +547,7 @@ def release_held_up_between_its_writes(seed: int) -> Sim:
     release debt ahead of the holder's own release: the lock, held alone, must not be reported lost."""
     from greenlet import getcurrent
 
-    from django_redlock.core import ledger
+    from django_redlock.core import entries
 
     from .sim_manager import SimProcess
 
@@ -557,7 +557,7 @@ def release_held_up_between_its_writes(seed: int) -> Sim:
     holder: list[Any] = []
 
     def stall(proc: Any, rnd: Any, i: int) -> float:
-        if proc is p.proc and i == 2 and rnd.kind == ledger.RELEASE and holder == [getcurrent()]:
+        if proc is p.proc and i == 2 and rnd.kind == entries.RELEASE and holder == [getcurrent()]:
             holder.append("held up")
             proc.after_local(2 * p.node_timeout, p.spawn, p.manager.is_locked, "x")  # the other caller
             return 3 * p.node_timeout

@@ -29,7 +29,7 @@ from django_redlock.core.base import ManagerConfig
 from django_redlock.core.extender import Watch, next_action, next_due, note_extend_error
 from django_redlock.core.lock import LockBase
 from django_redlock.core.records import Holder
-from django_redlock.core.rounds import NodeBooks
+from django_redlock.core.books import NodeBooks
 from django_redlock.core.scripts import ACQUIRE, VOTE
 from django_redlock.exceptions import LockError, LockNotAcquired
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_redlock.core import base, extender, held, ledger, owners, rounds, steps
+from django_redlock.core import base, books, entries, extender, held, ledger, owners, rounds, steps
 from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
@@ -86,7 +86,7 @@ def failover_unnoticed() -> Any:
 def data_set_unchecked() -> Any:
     """Votes carry no data-set token: a node whose data set was replaced behind open connections (a resync,
     a flush) votes on them as before; only a new connection's probe could notice."""
-    return _patch(rounds.NodeBooks, "guarded", lambda self, command: command)
+    return _patch(books.NodeBooks, "guarded", lambda self, command: command)
 
 
 @contextmanager
@@ -94,7 +94,7 @@ def probe_booked_at_the_fanout_start() -> Iterator[None]:
     """A probe's replies are learned with the time the client's latest fan-out started (the clock read
     once per fan-out), not with the time they were read."""
     started: dict[int, float] = {}
-    real_init, real_learn = rounds.Round.__init__, rounds.NodeBooks._learn
+    real_init, real_learn = rounds.Round.__init__, books.NodeBooks._learn
 
     def init(self: Any, books: Any, fan: Any, **options: Any) -> None:
         real_init(self, books, fan, **options)
@@ -104,7 +104,7 @@ def probe_booked_at_the_fanout_start() -> Iterator[None]:
     def learn(self: Any, conn: Any, reply: Any, now: float) -> None:
         real_learn(self, conn, reply, min(now, started.get(id(self), now)))
 
-    with _patch(rounds.Round, "__init__", init), _patch(rounds.NodeBooks, "_learn", learn):
+    with _patch(rounds.Round, "__init__", init), _patch(books.NodeBooks, "_learn", learn):
         yield
 
 
@@ -133,16 +133,16 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
     """A vote that waited in line counts its validity from the wake-up (the last BLPOP reply read
     before the outcome was known), not from before the write plus what the nodes measured."""
     woken: dict[str, float] = {}
-    real_prepare, real_book, real_won = rounds.NodeBooks.prepare, rounds.NodeBooks.book, base.Attempts.won
+    real_prepare, real_book, real_won = books.NodeBooks.prepare, books.NodeBooks.book, base.Attempts.won
 
     def prepare(self: Any, conn: Any, mine: Any, window: float, now: float, block: Any = None) -> Any:
         extra = real_prepare(self, conn, mine, window, now, block)
         if block is not None:  # remember the wait's list on its WAKE entry
-            next(e for e in reversed(conn.expect) if e.kind == ledger.WAKE).key = block[0]
+            next(e for e in reversed(conn.expect) if e.kind == entries.WAKE).key = block[0]
         return extra
 
     def book(self: Any, conn: Any, reply: Any, now: float, reader: Any = None) -> Any:
-        if conn.expect and conn.expect[0].kind == ledger.WAKE and conn.expect[0].key is not None:
+        if conn.expect and conn.expect[0].kind == entries.WAKE and conn.expect[0].key is not None:
             woken[conn.expect[0].key] = now
         return real_book(self, conn, reply, now, reader)
 
@@ -153,7 +153,7 @@ def wait_validity_from_the_wake_up() -> Iterator[None]:
             results = [bytes(r) if isinstance(r, rounds.Granted) else r for r in results]
         return real_won(self, results, started, quorum, now)
 
-    with _patch(rounds.NodeBooks, "prepare", prepare), _patch(rounds.NodeBooks, "book", book), \
+    with _patch(books.NodeBooks, "prepare", prepare), _patch(books.NodeBooks, "book", book), \
             _patch(base.Attempts, "won", won):
         yield
 
@@ -283,7 +283,7 @@ def extension_recreates_over_another_holder() -> Any:
 
 def extension_recreates_while_sitting_out() -> Any:
     """An extension may set a lost key again on any node, one still sitting out under the delayed-restart rule too."""
-    return _patch(rounds.NodeBooks, "recreating", lambda self, conn, command, window, now: command)
+    return _patch(books.NodeBooks, "recreating", lambda self, conn, command, window, now: command)
 
 
 def fence_from_the_first_member() -> Any:
@@ -374,7 +374,7 @@ def watchdog_ignores_the_release() -> Iterator[None]:
 def debt_paid_while_its_round_runs() -> Any:
     """A release round's debts are due to any write a node timeout after the round began, even while
     the round has not written its own release there yet (and a payment's deletion is not its own)."""
-    return _patch(ledger.Debt, "held", lambda self: False)
+    return _patch(entries.Debt, "held", lambda self: False)
 
 
 def grant_in_line_with_the_full_ttl() -> Any:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_redlock.core import steps
-from django_redlock.core.rounds import NEW, ConnState, NodeBooks, Round
+from django_redlock.core.books import NEW, ConnState, NodeBooks
+from django_redlock.core.rounds import Round
 
 from .network import ConnectionBroken, SimConnection
 from .scenario import Sim
