@@ -352,7 +352,7 @@ def release(lock: held.LockBase) -> Step:
     sent = config.clock()
     try:
         results = yield fan
-        broke = [type(r) is rounds.Failure and r.broken for r in results]
+        broke = [type(r) is books.Failure and r.broken for r in results]
         left = config.node_timeout - (config.clock() - sent)
         if any(broke) and left > 0 and base.count(results, _deleted) < manager.quorum:
             # Written on connections that broke under it (closed by the node or a proxy while idle):
