@@ -76,7 +76,7 @@ def test_release_answered_noscript_late_still_runs(engine, servers):
     with Proxy(b.port) as pb, Proxy(c.port) as pc:
         mgr = engine.manager([a.url, pb.url, pc.url], ttl=10, retry_count=0, restart_window=0)
         other = engine.manager([a.url, b.url, c.url], ttl=10, retry_count=0, retry_delay=0.1, restart_window=0)
-        mgr.acquire("warm-up").release()  # each connection has sent the release's source: EVALSHA from now on
+        mgr.acquire("warm-up", timeout=1.0).release()  # each connection has sent the release's source: EVALSHA from now on
         lock = mgr.acquire("res")
         for server in (b, c):
             raw(server).script_flush()
@@ -99,7 +99,7 @@ def test_majority_pause_longer_than_stale_limit_leaves_nothing_behind(engine, se
     """The paused nodes' connections are dropped after the stale limit; the SETs still land on resume."""
     mgr = engine.manager(servers.urls, **QUICK)
     other = engine.manager(servers.urls, **QUICK)
-    mgr.acquire("warm-up").release()
+    mgr.acquire("warm-up", timeout=1.0).release()
     for server in servers[2:]:
         server.pause()  # their sockets still accept and queue the SET NX
     try:
@@ -142,7 +142,7 @@ def test_partition_right_after_the_set_leaves_nothing_behind(engine, servers):
     with Proxy(b.port) as pb, Proxy(c.port) as pc:
         mgr = engine.manager([a.url, pb.url, pc.url], **QUICK)
         other = engine.manager([a.url, b.url, c.url], **QUICK)
-        mgr.acquire("warm-up").release()
+        mgr.acquire("warm-up", timeout=1.0).release()
         for proxy in (pb, pc):
             proxy.cut_after(mgr.key("res").encode())  # the SET NX is the first command on this key
         with pytest.raises(LockNotAcquired):
@@ -174,7 +174,7 @@ def test_replies_that_come_late_leave_no_keys(engine, servers):
     mgr = engine.manager([p.url for p in proxies], **QUICK)
     other = engine.manager([s.url for s in servers[:3]], **QUICK)
     try:
-        mgr.acquire("warm-up").release()
+        mgr.acquire("warm-up", timeout=1.0).release()
         for proxy in proxies:
             proxy.delay_replies = 0.2
         with pytest.raises(LockNotAcquired, match="nodes answered"):
@@ -201,7 +201,7 @@ async def test_replies_read_late_on_a_blocked_loop_leave_no_keys(servers):
     mgr = quick(servers.urls)
     other = quick(servers.urls)
     try:
-        await (await mgr.acquire("warm-up")).release()
+        await (await mgr.acquire("warm-up", timeout=1.0)).release()
         loop = asyncio.get_running_loop()
         for attempt in range(5):
             resource = f"busy-{attempt}"
