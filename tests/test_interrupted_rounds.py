@@ -25,8 +25,11 @@ def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
     rng = random.Random(7)
     manager = LockManager(servers.urls, ttl=10, retry_count=0, node_timeout=0.05, restart_window=0)
 
+    armed = [False]  # only while a round runs: a signal still pending when it ended lands nowhere
+
     def interrupt(signum, frame):
-        raise Interrupt()
+        if armed[0]:
+            raise Interrupt()
 
     def echo(tag: str) -> list[object]:
         """One round of ECHO to every node: the engine's fan-out, with no hook or log line around it
@@ -43,9 +46,11 @@ def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
             i += 1
             try:
                 try:
+                    armed[0] = True
                     signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00001, 0.0015))
                     replies = echo(f"r{i}")
                 finally:
+                    armed[0] = False
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except Interrupt:
                 interrupted += 1
