@@ -13,6 +13,9 @@ import random
 import signal
 import time
 
+import pytest
+import redis
+
 from django_redlock.core import LockManager, clock, steps
 from django_redlock.core.books import Failure
 
@@ -21,6 +24,14 @@ class Interrupt(BaseException):
     """What a signal handler raises: not an Exception, as KeyboardInterrupt."""
 
 
+# On redis-py 6.x, an interrupt inside its connect() can leave a later connect() raising
+# UnboundLocalError from within redis-py, so the final round finds one node unavailable (about 3 runs
+# in 8 on 6.4.0, with or without the engine changes since; 0 in 8 on 8.1 on the same Python).
+@pytest.mark.xfail(
+    int(redis.__version__.split(".")[0]) < 8,
+    reason="redis-py 6.x: a connect() interrupted by a signal can break a later connect()",
+    strict=False,
+)
 def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
     rng = random.Random(7)
     manager = LockManager(servers.urls, ttl=10, retry_count=0, node_timeout=0.05, restart_window=0)
