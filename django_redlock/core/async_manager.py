@@ -300,7 +300,7 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncLockContext:
         """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
         request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return AsyncLockContext(self, request, self._keeping(auto_extend, max_hold, on_lost), auto_extend, on_lost)
+        return AsyncLockContext(self, request, self._keeping(auto_extend, max_hold, on_lost))
 
     async def is_locked(self, resource: str) -> bool:
         """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""

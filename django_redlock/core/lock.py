@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -140,23 +139,14 @@ class ContextBase(Generic[_L]):
     keep-alive (``auto_extend``, ``max_hold``, ``on_lost``), release, and the loss report
     (:meth:`LockBase._loss_to_report`)."""
 
-    def __init__(
-        self,
-        manager: Any,
-        request: Request,
-        keep: tuple[float | None, Any] | None,
-        auto_extend: bool,
-        on_lost: Callable[[Any], Any] | None,
-    ) -> None:
+    def __init__(self, manager: Any, request: Request, keep: tuple[float | None, Any] | None) -> None:
         """``request`` and ``keep``: the arguments as the manager checked them (``ManagerConfig.request``,
-        ``ManagerBase._keeping``); every entry acquires with them, unchecked."""
+        ``ManagerBase._keeping``: ``(max_hold, on_lost)`` of a lock kept alive, else None); every entry
+        acquires with them, unchecked."""
         self.manager = manager
         self.request = request
         self.keep = keep
         self.resource = request.resources
-        self.max_hold = None if keep is None else keep[0]
-        self.auto_extend = auto_extend
-        self.on_lost = on_lost
         #: The lock, once entered.
         self.lock: _L | None = None
         # The entries not left yet, innermost last: this hold may be entered again within itself
@@ -168,7 +158,7 @@ class ContextBase(Generic[_L]):
         """Note the lock just acquired (``acquire()`` started its keep-alive, if asked): the entry
         that started it stops it (an async task) when it is left."""
         self.lock = lock
-        self._entries.append((lock, lock._keeper if self.auto_extend and lock._depth == 1 else None))
+        self._entries.append((lock, lock._keeper if self.keep is not None and lock._depth == 1 else None))
 
     def _leaving(self) -> tuple[_L, Any] | None:
         """The entry to leave now (its lock, its keeper), once: None when none is left. The caller's

@@ -125,6 +125,7 @@ def release_fan(
     keep: tuple[int, int] | None = None,
     quorum: int | None = None,
     background: bool = False,
+    timeout: float | None = None,
 ) -> Fan:
     """Release ``value`` on every node, or those marked in ``only``; leave the lines with ``place``,
     or with ``keep`` = (ticket, lifetime ms), keep the place (a call that goes on waiting).
@@ -145,6 +146,7 @@ def release_fan(
         allow_lagging=False,
         owe=(key, value, ttl or config.max_ttl),
         background=background,
+        timeout=timeout,
     )
 
 
@@ -358,8 +360,7 @@ def release(lock: held.LockBase) -> Step:
             # Written on connections that broke under it (closed by the node or a proxy while idle):
             # once more, on new ones, within the node timeout the release has. Only a deletion counts
             # from it: a "not ours" may be its own echo.
-            fan = release_fan(config, total, lock.resources, lock.value, place=lock._place, only=broke)
-            fan.timeout = left
+            fan = release_fan(config, total, lock.resources, lock.value, place=lock._place, only=broke, timeout=left)
             again = yield fan
             results = [1 if a == 1 else r for r, a in zip(results, again)]
     except GeneratorExit:

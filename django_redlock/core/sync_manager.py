@@ -388,7 +388,7 @@ class LockManager(ManagerBase):
             applied to it.
         """
         request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return LockContext(self, request, self._keeping(auto_extend, max_hold, on_lost), auto_extend, on_lost)
+        return LockContext(self, request, self._keeping(auto_extend, max_hold, on_lost))
 
     # -- inspection and operator actions ----------------------------------
 
