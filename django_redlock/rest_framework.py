@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.http.response import HttpResponseBase
-from django.utils.functional import Promise
 from rest_framework.exceptions import APIException
 from rest_framework.views import exception_handler as default_exception_handler
 
@@ -53,31 +52,40 @@ class LockAnswer(APIException):  # type: ignore[misc]  # REST framework ships no
             self.wait = retry_after  # REST framework's handler sends it as Retry-After
         self.detail = body
 
-    def __init_subclass__(cls, status: int = 0, code: str = "", detail: str | Promise = "", **kwargs: Any) -> None:
-        """An answer names its HTTP status, code and default detail in its class line; a subclass
-        that names none keeps its parent's."""
-        super().__init_subclass__(**kwargs)
-        if status:
-            cls.status_code, cls.default_code, cls.default_detail = status, code, detail
-
     def __str__(self) -> str:
         return str(self.detail["detail"])
 
 
-class Locked(LockAnswer, status=423, code="locked", detail=LOCKED_DETAIL):
+class Locked(LockAnswer):
     """423 Locked: another holder has the lock."""
 
+    status_code = 423
+    default_detail = LOCKED_DETAIL
+    default_code = "locked"
 
-class LockServiceUnavailable(LockAnswer, status=503, code="lock_service_unavailable", detail=UNAVAILABLE_DETAIL):
+
+class LockServiceUnavailable(LockAnswer):
     """503 Service Unavailable: too few lock nodes answered, nobody holds the lock."""
 
+    status_code = 503
+    default_detail = UNAVAILABLE_DETAIL
+    default_code = "lock_service_unavailable"
 
-class LockWasLost(LockAnswer, status=500, code="lock_lost", detail=LOST_DETAIL):
+
+class LockWasLost(LockAnswer):
     """500 Internal Server Error: the lock was lost while the view ran; its own answer is discarded."""
 
+    status_code = 500
+    default_detail = LOST_DETAIL
+    default_code = "lock_lost"
 
-class InvalidLockKey(LockAnswer, status=400, code="invalid_lock_key", detail=INVALID_DETAIL):
+
+class InvalidLockKey(LockAnswer):
     """400 Bad Request: the lock key built from the request names no lock (too long, a control character)."""
+
+    status_code = 400
+    default_detail = INVALID_DETAIL
+    default_code = "invalid_lock_key"
 
 
 def api_exception(error: LockNotAcquired | LockLost | InvalidResource) -> LockAnswer:

@@ -43,9 +43,20 @@ class ManagerBase:
         restart_window: float | None = None,
         max_ttl: float = DEFAULT_MAX_TTL,
     ) -> None:
-        options = dict(locals())  # the keyword arguments above, each checked by ManagerConfig
-        del options["self"], options["nodes"]
-        self.config = ManagerConfig(**options)
+        self.config = ManagerConfig(
+            ttl=ttl,
+            retry_count=retry_count,
+            retry_delay=retry_delay,
+            retry_jitter=retry_jitter,
+            clock_drift_factor=clock_drift_factor,
+            node_timeout=node_timeout,
+            key_prefix=key_prefix,
+            max_extensions=max_extensions,
+            label=label,
+            hooks=hooks,
+            restart_window=restart_window,
+            max_ttl=max_ttl,
+        )
         self.node_list: list[Node] = parse_nodes(nodes, self.config.node_timeout)
         self._names = tuple(node.name for node in self.node_list)
         self.quorum = base.quorum_of(len(self.node_list))  # looked up on base: a simulator mutant patches it
