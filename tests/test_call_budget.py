@@ -25,21 +25,21 @@ WARM = 20
 #: One pair is two rounds: the acquire and the release.
 ROUNDS_PER_PAIR = 2
 
-#: Today's counts plus 5%. N=1 is exact (sync 231, asyncio 310, down from 263 and 344 before the engine's
-#: reshaping). N=5 moves with how many replies each look at the sockets finds: quiet medians are sync 473
-#: and asyncio 679 to 681, and runs under pytest on a busy machine have come in up to about 45 higher,
-#: so its budgets are (quiet + 45) plus 5%, and the per-node budgets follow from them:
-#: (540 - 243) / 4 / 2 and (770 - 326) / 4 / 2.
+#: Today's counts plus 5%. N=1 is exact (sync 186, asyncio 273, down from 263 and 344 before the engine's
+#: reshaping). N=5 moves with how many replies each look at the sockets finds: quiet medians are sync 302
+#: and asyncio 469, and runs under pytest on a busy machine have come in up to about 45 higher, so its
+#: budgets are (quiet + 45) plus 5%, and the per-node budgets follow from them:
+#: (364 - 195) / 4 / 2 and (540 - 287) / 4 / 2.
 #: They come down as the engine is reshaped, toward the targets: sync 100 (N=1) / 200
 #: (N=5), asyncio 160 / 330, 12 calls per node and round.
 NODE_ROUND = "per node and round"
 BUDGET: dict[tuple[str, object], float] = {
-    ("sync", 1): 243,
-    ("sync", 5): 540,
-    ("sync", NODE_ROUND): 37.125,
-    ("async", 1): 326,
-    ("async", 5): 770,
-    ("async", NODE_ROUND): 55.5,
+    ("sync", 1): 195,
+    ("sync", 5): 364,
+    ("sync", NODE_ROUND): 21.125,
+    ("async", 1): 287,
+    ("async", 5): 540,
+    ("async", NODE_ROUND): 31.625,
 }
 
 

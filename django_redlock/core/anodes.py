@@ -55,37 +55,31 @@ class AConn(ConnState, asyncio.Protocol):
 
     def healthy(self) -> bool:
         """An idle connection has nothing to read; a closed one or stray bytes mean it is unusable."""
-        return not self.closed and not self._replies.pending() and not self.transport.is_closing()
-
-    def write(self, data: bytes) -> None:
-        self.transport.write(data)
+        return not self.closed and not self._replies.buf and not self.transport.is_closing()
 
     def data_received(self, data: bytes) -> None:
+        """Book every whole reply that arrived, in order, the moment it arrives."""
         if self.closed:
             return
         replies = self._replies
+        books = self.books
         try:
-            if not replies.pending():
-                # A read that brings exactly one of the usual replies (most do) needs no parse.
-                reply = USUAL.get(data, INCOMPLETE)
-                if reply is not INCOMPLETE:
-                    self._book(reply)
-                    return
-            replies.feed(data)
-            while (reply := replies.next()) is not INCOMPLETE:
-                self._book(reply)
+            # A read that brings exactly one of the usual replies (most do) needs no parse.
+            reply = INCOMPLETE if replies.buf else USUAL.get(data, INCOMPLETE)
+            if reply is INCOMPLETE:
+                replies.feed(data)
+                reply = replies.next()
+            while reply is not INCOMPLETE:
+                resend = books.book(self, reply, clock.now())[1]
+                if resend is not None:
+                    self.transport.write(pack(resend))
+                if self.anode._settling:  # someone closing waits for the replies still due
+                    settling = self.anode._settling.pop(books, None)
+                    if settling is not None:
+                        _wake(settling)
+                reply = replies.next() if replies.buf else INCOMPLETE
         except (ValueError, RedisError) as exc:
             self.anode.drop(self, f"protocol error ({exc})")
-
-    def _book(self, reply: Any) -> None:
-        books = self.books
-        resend = books.book(self, reply, clock.now())[1]
-        if resend is not None:
-            self.transport.write(pack(resend))
-        if self.anode._settling:  # someone closing waits for the replies still due
-            settling = self.anode._settling.pop(books, None)
-            if settling is not None:
-                _wake(settling)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
@@ -123,6 +117,7 @@ class AsyncNode:
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], NodeBooks[AConn]] | None = None
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
@@ -137,6 +132,9 @@ class AsyncNode:
 
     def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks[AConn]:
         """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
+        last = self._last
+        if last is not None and last[0]() is loop and pid == self._pid:
+            return last[1]  # the loop of the last fan-out, usually (a weak dictionary's get is a Python call)
         books = self._pools.get(loop)
         if books is None or pid != self._pid:
             with self._pools_lock:
@@ -149,6 +147,7 @@ class AsyncNode:
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
+        self._last = (weakref.ref(loop), books)
         return books
 
     def _sweep_closed_loops(self) -> None:
@@ -189,10 +188,11 @@ class AsyncNode:
         """An idle connection of a Sentinel node is used while it goes to the master the Sentinels
         name (and that server did not answer as a replica)."""
         sentinel = self.node.sentinel
-        if sentinel is not None and (aconn.demoted or not sentinel.current(aconn.conn.host, aconn.conn.port)):
-            aconn.close()
-            return False
-        return _usable(aconn, idle_for)
+        follows = sentinel is None or (not aconn.demoted and sentinel.current(aconn.conn.host, aconn.conn.port))
+        if follows and aconn.healthy():
+            return True
+        aconn.close()  # closed by the server, stray bytes, or no longer the master's: connect another
+        return False
 
     def drop(self, aconn: AConn, reason: str) -> None:
         """The connection broke (or is given up): the books tell the rounds waiting on it and drop it; close it."""
@@ -328,17 +328,22 @@ def _keep_when_connected(books: NodeBooks[AConn], task: asyncio.Task[AConn]) -> 
     task.add_done_callback(after)
 
 
-def _usable(aconn: AConn, idle_for: float) -> bool:
-    """An idle connection closed by the server (or with stray bytes) is closed here: connect another."""
-    if aconn.healthy():
-        return True
-    aconn.close()
-    return False
-
-
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class _Waker:
+    """Wakes a fan-out waiting for replies (its round's ``on_reply``): one call per reply taken."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+
+    def wake(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 async def _look(loop: asyncio.AbstractEventLoop) -> None:
@@ -367,17 +372,17 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
         await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
         now = clock.now()
     rnd = Round(books, fan, now=now, timeout=timeout)
-    wake: list[asyncio.Future[None]] = [loop.create_future()]
-
-    rnd.on_reply = lambda: _wake(wake[0])
+    wake = _Waker(loop.create_future())
+    rnd.on_reply = wake.wake
     packed = fan.packed  # every command of the round, encoded before any node was asked
 
     def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
         anode = anodes[i]
         error = None
-        data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
+        # Outside the try: only the write is the node's failure. A lone command is the round's own.
+        data = (len(wire) == 1 and packed.get(wire[0])) or pack_write(wire, packed)
         try:
-            aconn.write(data)
+            aconn.transport.write(data)
         except Exception as exc:  # noqa: BLE001 - the connection is broken
             error = anode.node.redact(describe(exc, anode.node_timeout))
             aconn.close()
@@ -409,16 +414,16 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             wait = rnd.wait_time(clock.now())
             if wait is None:
                 break
-            if wake[0].done():
-                wake[0] = loop.create_future()
+            if wake.future.done():
+                wake.future = loop.create_future()
             if wait == 0.0 and rnd.grace:
                 await asyncio.sleep(0)  # the outcome is known: let replies already here be read
                 continue
             # The last look (0.0 once the time is up) waits on a timer too: the loop runs a turn's
             # due timers after that turn's reads, so the replies already here are booked first.
-            timer = loop.call_later(wait, _wake, wake[0])
+            timer = loop.call_later(wait, _wake, wake.future)
             try:
-                await wake[0]
+                await wake.future
             finally:
                 timer.cancel()
     except BaseException:

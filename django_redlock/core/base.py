@@ -88,7 +88,11 @@ def granted_or_all(quorum: int, success: Any = is_ok) -> Any:
 
 
 def count(results: Sequence[Any], success: Any = is_ok) -> int:
-    return sum(1 for r in results if r is not None and not isinstance(r, Failure) and success(r))
+    good = 0
+    for reply in results:  # a loop, not a generator: a generator's every step is a Python call
+        if reply is not None and not isinstance(reply, Failure) and success(reply):
+            good += 1
+    return good
 
 
 def failures_of(
@@ -350,7 +354,7 @@ class Attempts:
         self.timeout = request.timeout
         self.blocking = blocking = request.blocking
         self.label = request.label
-        self.keys = tuple(config.key(r) for r in resources)
+        self.keys = tuple(map(config.key, resources))
         self.key = self.keys[0]
         self.window = config.restart_window
         self._new_holder()

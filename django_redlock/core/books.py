@@ -353,7 +353,10 @@ class NodeBooks(Generic[C]):
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
             # Only its own write's two stamps come since the last vote on this connection (a vote
             # sent again after NOSCRIPT has none: it counts no wait).
-            conn.waited, conn.stamps = node_wait(conn.stamps), []
+            if conn.stamps:
+                conn.waited, conn.stamps = node_wait(conn.stamps), []
+            else:
+                conn.waited = 0.0
         elif kind == entries.STAMP:
             conn.stamps.append(reply)
         elif kind == entries.PROBE_REPLY:
@@ -394,7 +397,10 @@ class NodeBooks(Generic[C]):
                 del parked[conn]
                 self.idle.append((conn, now))
         elif taken:
-            self.checkin(conn, now, now)
+            if conn.expect:
+                self.checkin(conn, now, now)
+            else:
+                self.idle.append((conn, now))  # the usual case: nothing more due on it
         if waiter is not None:
             if kind == entries.RELEASE:
                 reply = self.ledger.released(entry, reply)

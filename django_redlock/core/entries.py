@@ -42,7 +42,7 @@ __all__ = [
     "Waiter",
     "after_noscript",
     "debt_command",
-    "entry_for",
+    "entry_fields",
     "pair_of",
 ]
 
@@ -111,23 +111,21 @@ def pair_of(command: Sequence[Any]) -> tuple[str, str]:
     return command[3], command[3 + command[2]]
 
 
-def entry_for(command: Sequence[Any], kind: Kind, waiter: Waiter | None, retry: tuple[Any, ...] | None = None) -> Entry:
-    """The entry for a fan-out's own command: votes (SET, and an EXTEND that may re-create a key) and
-    releases are booked, the rest not."""
+def entry_fields(command: Sequence[Any], kind: Kind) -> tuple[Kind, str | None, str | None, float]:
+    """The kind, key, value and ttl of the entry for a fan-out's own command: votes (SET, and an
+    EXTEND that may re-create a key) and releases are booked, the rest not."""
     if kind == SET and command[0] == "SET":  # SET key value NX PX ttl
-        return Entry(SET, command[1], command[2], command[5] / 1000.0, waiter)
+        return SET, command[1], command[2], command[5] / 1000.0
+    if kind != SET and kind != RELEASE and kind != EXTEND:
+        return kind, None, None, 0.0
+    key, value = pair_of(command)
     if kind == SET:  # ACQUIRE: KEYS in threes (lock, queue, places); ARGV value, ttl ms, ...
-        key, value = pair_of(command)
-        return Entry(SET, key, value, command[4 + command[2]] / 1000.0, waiter, retry)
-    if kind == RELEASE:
-        key, value = pair_of(command)
-        return Entry(RELEASE, key, value, waiter=waiter, retry=retry)
-    if kind == EXTEND:  # KEYS the lock keys; ARGV value, ttl ms, re-create ('1'), ...
-        key, value = pair_of(command)  # a release of the value goes behind it on its connection
-        if command[5 + command[2]] == "1":  # it may set a key again: booked as a vote
-            return Entry(SET, key, value, command[4 + command[2]] / 1000.0, waiter, retry)
-        return Entry(EXTEND, key, value, waiter=waiter, retry=retry)
-    return Entry(kind, waiter=waiter, retry=retry)
+        return SET, key, value, command[4 + command[2]] / 1000.0
+    # EXTEND: KEYS the lock keys; ARGV value, ttl ms, re-create ('1'), ...; a release of the value
+    # goes behind it on its connection.
+    if kind == EXTEND and command[5 + command[2]] == "1":  # it may set a key again: booked as a vote
+        return SET, key, value, command[4 + command[2]] / 1000.0
+    return kind, key, value, 0.0  # RELEASE, or an EXTEND that sets nothing again
 
 
 def debt_command(command: Sequence[Any], source: str) -> tuple[Any, ...]:

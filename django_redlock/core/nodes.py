@@ -22,6 +22,7 @@ import select
 import threading
 import weakref
 from collections.abc import Sequence
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -103,7 +104,7 @@ class Node(NodeConfig):
         books = self.books
         for conn in list(books.parked):
             try:
-                while conn.expect and read_booked(books, conn, wait=False) is not None:
+                while conn.expect and read_booked(books, conn) is not None:
                     pass
             except (RedisError, OSError, ValueError):
                 books.drop(conn, now)
@@ -127,7 +128,10 @@ class Node(NodeConfig):
         with self._mutex:
             if self.books.parked:  # usually empty: only after an early decision or a silent node
                 self._drain_parked(now)
-            opened = rnd.open(i, now, _usable if self.sentinel is None else self._follows)
+            if self.sentinel is None:
+                opened = rnd.open(i, now, _usable, IDLE_CHECK)
+            else:
+                opened = rnd.open(i, now, self._follows)  # every idle connection: is it the master's?
             if opened != NEW:
                 return opened
         conn = None
@@ -179,7 +183,7 @@ class Node(NodeConfig):
         for conn in parked:
             try:
                 while conn.expect:
-                    if read_booked(self.books, conn, self._mutex, wait=False) is None and not conn.more_arrives(
+                    if read_booked(self.books, conn, self._mutex) is None and not conn.more_arrives(
                         deadline - clock.now()
                     ):
                         break
@@ -274,48 +278,50 @@ def read_booked(
     conn: Wire,
     mutex: threading.Lock | None = None,
     rnd: Round[Wire] | None = None,
-    wait: bool = True,
 ) -> bool | None:
-    """Read the next reply on ``conn`` and have the books book it (:meth:`NodeBooks.book`, with the
-    time it was read); True when it was ``rnd``'s own, now taken.
+    """Read the next reply that has fully arrived on ``conn`` and have the books book it
+    (:meth:`NodeBooks.book`, with the time it was read): False when booked, None when no whole
+    reply has arrived (the rest of one may be on its way). With ``rnd``, read on until ``rnd``'s
+    own reply was taken (True) or none more has arrived (None).
 
     Error replies are booked as exceptions; a broken connection raises. After
     a NOSCRIPT the script's source is sent at once. Pass the node's ``mutex``
     when the caller does not hold it: booking, taking and the check-in happen
-    under one acquisition. Without ``wait``, only a reply that has fully
-    arrived is read: None when none has (the rest of one may be on its way).
+    under one acquisition.
     """
-    try:
-        reply = conn.read_response() if wait else conn.arrived_reply()
-    except ResponseError as exc:
-        reply = exc
-    if reply is INCOMPLETE:
-        return None
-    try:
-        now = clock.now()
+    while True:
         try:
+            reply = conn.arrived_reply()
+        except ResponseError as exc:
+            reply = exc
+        if reply is INCOMPLETE:
+            return None
+        try:
+            now = clock.now()
+            try:
+                if mutex is None:
+                    taken, resend = books.book(conn, reply, now, rnd)
+                else:
+                    with mutex:
+                        taken, resend = books.book(conn, reply, now, rnd)
+            except ValueError as exc:
+                raise RedisConnectionError(f"Protocol error: {exc}") from None
+            if resend is not None:
+                conn.send_packed_command(pack(resend))
+        except (RedisError, OSError):
+            raise  # the caller gives the connection up
+        except BaseException:
+            # Interrupted (a signal) between reading the reply and booking it, or before sending what it
+            # asks for: the connection is out of step with its replies; give it up.
             if mutex is None:
-                taken, resend = books.book(conn, reply, now, rnd)
+                books.drop(conn, clock.now())
             else:
                 with mutex:
-                    taken, resend = books.book(conn, reply, now, rnd)
-        except ValueError as exc:
-            raise RedisConnectionError(f"Protocol error: {exc}") from None
-        if resend is not None:
-            conn.send_packed_command(pack(resend))
-    except (RedisError, OSError):
-        raise  # the caller gives the connection up
-    except BaseException:
-        # Interrupted (a signal) between reading the reply and booking it, or before sending what it
-        # asks for: the connection is out of step with its replies; give it up.
-        if mutex is None:
-            books.drop(conn, clock.now())
-        else:
-            with mutex:
-                books.drop(conn, clock.now())
-        _disconnect(conn)
-        raise
-    return taken
+                    books.drop(conn, clock.now())
+            _disconnect(conn)
+            raise
+        if rnd is None or taken:
+            return taken
 
 
 def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
@@ -328,7 +334,7 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
     """
     now = clock.now()
     pid = os.getpid()  # once per fan-out: a syscall, and a fork cannot happen in the middle of one
-    books = [node.books for node in nodes]
+    books = list(map(_BOOKS, nodes))
     if fan.owe is not None:
         for node in nodes:
             if node._pid != pid:
@@ -338,6 +344,7 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
     else:
         rnd = Round(books, fan, now=now, timeout=timeout)
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
+    tls: list[int] = []  # the fds of TLS connections among them
     packed = fan.packed  # every command of the round, encoded before any node was asked
     writing: tuple[Node, Wire] | None = None
     try:
@@ -348,7 +355,8 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
             conn, since, wire = got
             writing = (node, conn)
             error = None
-            data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
+            # Outside the try: only the write is the node's failure. A lone command is the round's own.
+            data = (len(wire) == 1 and packed.get(wire[0])) or pack_write(wire, packed)
             try:
                 conn.send_packed_command(data)
             except (RedisError, OSError, ValueError) as exc:
@@ -356,14 +364,17 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
                 _disconnect(conn)
             writing = None
             if error is None and since is None:
-                wait = rnd.written(i, conn, since, now)  # the usual case touches no books
+                watched[conn.fd] = (i, conn)  # the usual case: wait for it, no call to written()
+                if conn.tls:
+                    tls.append(conn.fd)
             else:
                 with node._mutex:
-                    wait = rnd.written(i, conn, since, now, error)
-            if wait:
-                watched[conn.fd] = (i, conn)
+                    if rnd.written(i, conn, since, now, error):
+                        watched[conn.fd] = (i, conn)
+                        if conn.tls:
+                            tls.append(conn.fd)
         if watched:
-            _collect(nodes, rnd, watched)
+            _collect(nodes, rnd, watched, tls)
     except BaseException:
         # Interrupted (a signal, KeyboardInterrupt): a command booked but not written, or a reply read
         # but not booked, would leave a connection out of step with its replies. Give up every one
@@ -397,19 +408,21 @@ class _all_mutexes:
 
 
 _POLL_READ = select.POLLIN | select.POLLERR | select.POLLHUP
+# C-level accessors: a comprehension is a Python call of its own (before Python 3.12).
+_FD = itemgetter(0)
+_BOOKS = attrgetter("books")
 
 
-def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[int, Wire]]) -> None:
+def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[int, Wire]], tls: list[int]) -> None:
     poller = select.poll()
     for fd in watched:
         poller.register(fd, _POLL_READ)
-    tls = [fd for fd, (_, conn) in watched.items() if conn.tls]
     while watched:
         wait = rnd.wait_time(clock.now())
         if wait is None:
             break
         buffered = [fd for fd in tls if fd in watched and _has_buffered(watched[fd][1])] if tls else []
-        ready = [fd for fd, _ in poller.poll(0 if buffered else wait * 1000)]
+        ready = list(map(_FD, poller.poll(0 if buffered else wait * 1000)))
         for fd in buffered:
             if fd not in ready:
                 ready.append(fd)
@@ -420,7 +433,7 @@ def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[i
             i, conn = got
             node = nodes[i]
             try:
-                taken = _read_ours(node, rnd, conn)
+                taken = read_booked(node.books, conn, node._mutex, rnd)  # True: ours was taken
             except (RedisError, OSError, ValueError) as exc:
                 with node._mutex:
                     node.books.broken(conn, node.redact(describe(exc, node.node_timeout)), clock.now())
@@ -429,16 +442,6 @@ def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[i
             if taken:
                 del watched[fd]
                 poller.unregister(fd)
-
-
-def _read_ours(node: Node, rnd: Round[Wire], conn: Wire) -> bool:
-    """Read replies on ``conn`` until ours was taken (True) or no whole reply more has arrived (False)."""
-    while True:
-        taken = read_booked(node.books, conn, node._mutex, rnd, wait=False)
-        if taken is None:
-            return False
-        if taken:
-            return True
 
 
 def _has_buffered(conn: Wire) -> bool:

@@ -108,8 +108,9 @@ def _arg(value: Any) -> bytes:
 def pack(args: Sequence[Any]) -> bytes:
     """Encode one command as a RESP2 array of bulk strings."""
     parts = [b"*%d\r\n" % len(args)]
-    for value in args:
-        data = value.encode() if type(value) is str else _arg(value)
+    for value in args:  # the usual types first, without a call
+        kind = type(value)
+        data = value.encode() if kind is str else value if kind is bytes else b"%d" % value if kind is int else _arg(value)
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
@@ -159,31 +160,33 @@ class ReplyBuffer:
     protocol (:class:`~django_redlock.core.anodes.AConn`).
     """
 
-    __slots__ = ("_buf", "_pos")
+    __slots__ = ("buf", "_pos")
 
     #: What :meth:`next` returns while the next reply has not fully arrived.
     INCOMPLETE = _INCOMPLETE
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        #: The bytes read and not all returned as replies yet: empty once every reply was returned
+        #: (so ``not buf`` is the cheap :meth:`pending`).
+        self.buf = bytearray()
         self._pos = 0
 
     def feed(self, data: bytes) -> None:
         if self._pos:
-            del self._buf[: self._pos]
+            del self.buf[: self._pos]
             self._pos = 0
-        self._buf += data
+        self.buf += data
 
     def pending(self) -> bool:
         """True while bytes of a reply not yet returned are buffered."""
-        return self._pos < len(self._buf)
+        return self._pos < len(self.buf)
 
     def next(self) -> Any:
         """The next whole reply (an error reply as its exception object), or :attr:`INCOMPLETE`.
 
         Raises :class:`ValueError` for bytes that are not RESP2.
         """
-        buf = self._buf
+        buf = self.buf
         # A whole reply always ends with CRLF: do not re-parse a partial one after every read.
         if self._pos >= len(buf) or not buf.endswith(b"\r\n"):
             return _INCOMPLETE

@@ -24,6 +24,7 @@ callers that share books between threads hold a lock around these calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, Generic, Literal, Protocol, Union
 
 from django_redlock.core import entries, ledger
@@ -38,7 +39,7 @@ from django_redlock.core.books import (
     ms_text,
     quiet_for,
 )
-from django_redlock.core.entries import Entry, entry_for, pair_of
+from django_redlock.core.entries import Entry, entry_fields, pair_of
 from django_redlock.core.records import printable
 from django_redlock.core.scripts import ACQUIRE, EXTEND, GUARDED, RELEASE, VOTE, Script
 
@@ -71,6 +72,7 @@ QUEUED = "queued behind an unanswered command"
 NOT_AWAITED = "not awaited: the outcome was already known"
 
 Done = Callable[[list[Any]], bool]
+_NODE_TIMEOUT = attrgetter("node_timeout")
 #: What :meth:`Round.open` hands a driver: the connection, since when it was parked (None: it was
 #: idle), and the commands to send on it, booked.
 Opened = Union[tuple[C, Union[float, None], list[Command]], Literal["new"]]
@@ -124,7 +126,11 @@ class Round(Generic[C]):
             timeout += quiet_for(block)  # each node's vote comes after its wait in line
         self.done = fan.done
         self.script = script
-        first = next((c for c in commands if c is not None), None)
+        first = None
+        for command in commands:
+            if command is not None:
+                first = command
+                break
         if script is RELEASE:
             self.kind = entries.RELEASE
         elif script is EXTEND:
@@ -134,9 +140,14 @@ class Round(Generic[C]):
         else:
             self.kind = entries.OTHER
         self.block = block
+        # Worked out once for the round's first command, which usually goes to every node.
+        self._first = first
+        self._fields: tuple[Any, ...] | None = None  # its entry's fields (see entries.entry_fields)
+        self._after = pair_of(first) if first is not None and fan.ordered_after_key is not None and self.kind == entries.RELEASE else None
         self.ordered_after_key = fan.ordered_after_key
         self.allow_lagging = fan.allow_lagging
         self.window = restart_window
+        self.guarded = restart_window > 0 and script in GUARDED  # once: a Script's hash is a Python call
         self.vote_window = vote_window(script, restart_window)
         self.timings = fan.timings
         self.results: list[Any] = [None] * len(books)
@@ -166,17 +177,21 @@ class Round(Generic[C]):
                     # Owed until proven done, or until the key has surely expired.
                     book.ledger.owe(key, value, now + ttl + book.stale_limit, now, debt, self.owing)
 
-    def open(self, i: int, now: float, usable: Usable[C]) -> Opened[C] | None:
+    def open(self, i: int, now: float, usable: Usable[C], look_after: float = 0.0) -> Opened[C] | None:
         """Node ``i``'s connection for this round, chosen and its commands booked: ``(conn, parked
         since, commands)``; :data:`NEW` when the driver must connect first (then :meth:`write`, or
-        :meth:`connect_failed`); None when the node already has its result (skipped, unavailable)."""
+        :meth:`connect_failed`); None when the node already has its result (skipped, unavailable).
+
+        ``usable`` looks at an idle connection idle for ``look_after`` seconds or more."""
         command = self.commands[i]
         if command is None:
             self.results[i] = Failure(SKIPPED)
             return None
         book = self.books[i]
         # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
-        after = pair_of(command) if self.ordered_after_key is not None and self.kind == entries.RELEASE else None
+        after = self._after
+        if after is not None and command is not self._first:
+            after = pair_of(command)
         while True:
             try:
                 kind, conn, since = book.choose(after, self.allow_lagging, now)
@@ -188,7 +203,7 @@ class Round(Generic[C]):
             if kind == PARKED:
                 return conn, since, self.write(i, conn, now)
             # A connection idle for a while may have been closed by a restart: the driver looks.
-            if usable(conn, now - since):
+            if now - since < look_after or usable(conn, now - since):
                 return conn, None, self.write(i, conn, now)
 
     def connect_failed(self, i: int, reason: str, now: float) -> None:
@@ -197,13 +212,13 @@ class Round(Generic[C]):
 
     def write(self, i: int, conn: C, now: float) -> list[Command]:
         """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
-        command = self.commands[i]
+        original = command = self.commands[i]
         assert command is not None
         if isinstance(command[0], tuple):
             return self._write_several(i, conn, command, now)
         script = self.script
         retry = None
-        if script in GUARDED and self.window > 0:
+        if self.guarded:
             command = self.books[i].guarded(command)
         if script is EXTEND:
             command = self.books[i].recreating(conn, command, self.window, now)
@@ -217,7 +232,13 @@ class Round(Generic[C]):
                 # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
-        mine = entry_for(command, self.kind, self, retry)
+        if original is not self._first or script is EXTEND:  # an EXTEND's fields follow recreating()
+            fields = entry_fields(command, self.kind)
+        else:  # a data-set token (guarded) or the script's source (EVAL) leave them as they were
+            fields = self._fields
+            if fields is None:
+                fields = self._fields = entry_fields(command, self.kind)
+        mine = Entry(*fields, self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
         self._mine[i] = mine
@@ -243,10 +264,11 @@ class Round(Generic[C]):
         Only a failed write (``error``), a write behind a parked connection's
         commands (``parked_since``) or books with background reads (the
         connection is parked while its replies come) touches the books: the
-        caller holds the node's lock for those, and may skip it otherwise.
+        caller holds the node's lock for those, and may skip the call otherwise
+        (a write on an idle or new connection of books without background reads).
         """
         mine = self._mine[i]
-        self._mine[i] = None  # no cycle round -> entry -> round left behind
+        self._mine[i] = None
         assert mine is not None and mine in self.waiting
         if error is not None:
             del self.waiting[mine]
@@ -341,9 +363,10 @@ class Round(Generic[C]):
         """Stop waiting. Returns the (node index, connection) pairs whose reply is still due."""
         if self.owing is not None:
             self.owing.over = True  # its debts are due again, as any
+        self._mine = []  # no cycle round -> entry -> round left behind by a skipped written()
         if not self.waiting:
             return []
-        late = now - self.sent_at >= min((b.node_timeout for b in self.books), default=0.0)
+        late = now - self.sent_at >= min(map(_NODE_TIMEOUT, self.books), default=0.0)
         left = []
         for entry, (i, conn) in self.waiting.items():
             entry.waiter = None  # read and booked later, when the connection is next used

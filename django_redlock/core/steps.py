@@ -139,7 +139,7 @@ def release_fan(
     command = config.release_command(resources, value, place, keep)
     key = command[3]
     return Fan(
-        [command if only is None or only[i] else None for i in range(total)],
+        [command] * total if only is None else [command if only[i] else None for i in range(total)],
         done=None if quorum is None else base.granted_or_all(quorum, _deleted),
         script=RELEASE,
         ordered_after_key=key,

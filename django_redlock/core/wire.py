@@ -135,7 +135,24 @@ class Wire(ConnState):
         here: the fan-out polls for it with its other nodes, until its own
         deadline, rather than blocking on one socket. Error replies are raised.
         """
-        return self._next_reply(self._arrived)
+        if self._replies.buf or self.tls:  # a reply, or part of one, is buffered (or may be, in TLS)
+            return self._next_reply(self._arrived)
+        # The usual case after a poll said the socket is readable: one recv (what _arrived does for
+        # a plain socket, without the call), and a read that brings exactly one of the usual replies
+        # needs no buffer.
+        try:
+            data = self._sock.recv(262144)
+        except BlockingIOError:
+            return _INCOMPLETE
+        except OSError as exc:
+            raise _socket_error(exc, "reading from") from None
+        if not data:
+            _closed()
+        reply = _USUAL.get(data, _INCOMPLETE)
+        if reply is _INCOMPLETE:
+            self._replies.feed(data)
+            reply = self._next_reply(self._arrived)
+        return reply
 
     def tls_buffered(self) -> bool:
         """True when decrypted bytes wait inside the TLS layer (poll() does not report them)."""
@@ -145,22 +162,10 @@ class Wire(ConnState):
         """Wait up to ``timeout`` seconds for bytes not read yet; False when none came."""
         return self.tls_buffered() or _ready(self.fd, select.POLLIN, timeout)
 
-    def read_response(self) -> Any:
-        return self._next_reply(self._recv)
-
     def _next_reply(self, more: Callable[[], bytes | None]) -> Any:
-        """The next reply, reading with ``more`` (None: nothing more now, and INCOMPLETE is returned)."""
+        """The next reply from the buffer, reading more with ``more`` (None: nothing more now, and
+        INCOMPLETE is returned)."""
         replies = self._replies
-        if not replies.pending():
-            # Nothing buffered: the usual case after a poll said the socket is readable. A read
-            # that brings exactly one of the usual replies needs no buffer.
-            data = more()
-            if data is None:
-                return _INCOMPLETE
-            reply = _USUAL.get(data, _INCOMPLETE)
-            if reply is not _INCOMPLETE:
-                return reply
-            replies.feed(data)
         while True:
             try:
                 reply = replies.next()

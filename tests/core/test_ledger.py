@@ -139,10 +139,10 @@ def _extension(recreate: bool) -> tuple:
 
 
 def test_an_extension_that_may_set_a_key_again_is_booked_as_a_vote() -> None:
-    recreating = entries.entry_for(_extension(True), entries.EXTEND, None)
-    plain = entries.entry_for(_extension(False), entries.EXTEND, None)
-    assert (recreating.kind, recreating.key, recreating.value, recreating.ttl) == (SET, "redlock:lock:r", VALUE, 2.0)
-    assert (plain.kind, plain.key, plain.value) == (entries.EXTEND, "redlock:lock:r", VALUE)
+    recreating = entries.entry_fields(_extension(True), entries.EXTEND)
+    plain = entries.entry_fields(_extension(False), entries.EXTEND)
+    assert recreating == (SET, "redlock:lock:r", VALUE, 2.0)
+    assert plain[:3] == (entries.EXTEND, "redlock:lock:r", VALUE)
 
 
 def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() -> None:
@@ -153,7 +153,7 @@ def test_a_late_noscript_sends_a_re_creating_extension_again_as_a_plain_one() ->
     books: NodeBooks = NodeBooks("n", 0.05)
     conn = ConnState()
     command = _extension(True)
-    entry = entries.entry_for(command, entries.EXTEND, None, retry=command)
+    entry = entries.Entry(*entries.entry_fields(command, entries.EXTEND), retry=command)
     books.prepare(conn, entry, 0.0, 0.0)
     assert books.ledger.unanswered == {("redlock:lock:r", VALUE): 1}
     taken, resend = books.book(conn, NoScriptError("NOSCRIPT"), 0.01)  # nobody waits any more
