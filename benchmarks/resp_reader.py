@@ -191,32 +191,54 @@ def alternating(readers: dict[str, Reader], chunks: list[bytes], rounds: int, it
 # -- what a pair reads -----------------------------------------------------------------------
 
 
+class _Recording:
+    """A socket that keeps every chunk its ``recv`` returns (the sync driver reads through ``recv`` only)."""
+
+    def __init__(self, inner: Any, chunks: list[bytes]) -> None:
+        self.inner = inner
+        self.chunks = chunks
+
+    def recv(self, size: int) -> bytes:
+        data: bytes = self.inner.recv(size)
+        if data:
+            self.chunks.append(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 @contextmanager
-def recorded() -> Iterator[dict[int, list[bytes]]]:
-    """Every chunk of bytes the two drivers read, by connection, while the block runs."""
+def recorded(manager: LockManager) -> Iterator[dict[int, list[bytes]]]:
+    """Every chunk of bytes the two drivers read, by connection, while the block runs (the sync
+    driver's: on the connections ``manager`` has, and those it makes meanwhile)."""
     chunks: dict[int, list[bytes]] = defaultdict(list)
-    arrived, recv, received = wire.Wire._arrived, wire.Wire._recv, anodes.AConn.data_received
+    made, received = wire.Wire.__init__, anodes.AConn.data_received
+    wires = [conn for node in manager.node_list for conn in [c for c, _ in node.books.idle] + list(node.books.parked)]
 
-    def _arrived(self: Any) -> bytes | None:
-        data = arrived(self)
-        if data is not None:
-            chunks[id(self)].append(data)
-        return data
+    def record(conn: Any) -> None:
+        conn._sock = _Recording(conn._sock, chunks[id(conn)])
+        wires.append(conn)
 
-    def _recv(self: Any) -> bytes:
-        data = recv(self)
-        chunks[id(self)].append(data)
-        return data
+    def init(self: Any, conn: Any, timeout: float) -> None:
+        made(self, conn, timeout)
+        record(self)
 
     def data_received(self: Any, data: bytes) -> None:
         chunks[id(self)].append(data)
         received(self, data)
 
-    wire.Wire._arrived, wire.Wire._recv, anodes.AConn.data_received = _arrived, _recv, data_received  # type: ignore[method-assign]
+    for conn in list(wires):
+        wires.remove(conn)
+        record(conn)
+    wire.Wire.__init__, anodes.AConn.data_received = init, data_received  # type: ignore[method-assign]
     try:
         yield chunks
     finally:
-        wire.Wire._arrived, wire.Wire._recv, anodes.AConn.data_received = arrived, recv, received  # type: ignore[method-assign]
+        wire.Wire.__init__, anodes.AConn.data_received = made, received  # type: ignore[method-assign]
+        for conn in wires:
+            if isinstance(conn._sock, _Recording):
+                conn._sock = conn._sock.inner
 
 
 def sync_pairs(manager: LockManager, pairs: int, tag: str) -> float:
@@ -252,7 +274,7 @@ def per_pair(urls: list[str], n: int, pairs: int, rounds: int, readers: dict[str
     try:
         for driver, run in drivers.items():
             run(200, f"warm-{driver}-{n}")  # connections made, probes read, scripts loaded
-            with recorded() as chunks:
+            with recorded(sync_manager) as chunks:
                 run(pairs, f"rec-{driver}-{n}")
             streams = list(chunks.values())
             reads = sum(len(s) for s in streams)

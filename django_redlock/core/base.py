@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from django_redlock.core import config, forks, ledger
+from django_redlock.core import config, ledger
 from django_redlock.core.config import *  # noqa: F403 - the settings are named here too
 from django_redlock.core.books import Failure
 from django_redlock.core.rounds import Granted
@@ -371,6 +371,15 @@ class Attempts:
         #: This call's place in every node's line, and its ticket (the order; ties go by place).
         self.place = self.holder.token
         self.ticket = wall
+        #: The script the votes run (None: a plain ``SET``). A call on one resource that does not
+        #: wait votes with VOTE, or a plain SET with the restart rule off; the others run ACQUIRE.
+        self.script: Script | None = ACQUIRE
+        if self.mode == "once" and len(self.keys) == 1:
+            self.script = VOTE if self.window > 0 else None
+        #: ACQUIRE's KEYS (the line keys of each resource) and the wake list of this call's place in
+        #: each line: only calls that run the script have them.
+        self.line: list[str] = config.script_keys(resources) if self.script is ACQUIRE else []
+        self.wake: tuple[str, ...] = config.wake_keys(resources, self.place) if self.script is ACQUIRE else ()
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0
         #: How long the last vote kept the place in line (node ms); its failed attempt's release keeps it as long.
@@ -386,15 +395,6 @@ class Attempts:
         self.first_lost: float | None = None
         self.contended = False
 
-    @forks.cached
-    def line(self) -> list[str]:
-        """ACQUIRE's KEYS: the line keys of each resource (only calls that run the script need them)."""
-        return self.config.script_keys(self.resources)
-
-    @forks.cached
-    def wake(self) -> tuple[str, ...]:
-        """The wake list of this call's place in each resource's line."""
-        return tuple(self.config.wake_prefix(r) + self.place for r in self.resources)
 
     def _new_holder(self) -> None:
         # Every attempt sets its own value: a late release of an earlier attempt
@@ -404,13 +404,6 @@ class Attempts:
             holder = dataclasses.replace(holder, members=len(self.resources))
         self.holder = holder
         self.value = holder.encode()
-
-    @property
-    def script(self) -> Script | None:
-        """The script the votes run (None: a plain ``SET``)."""
-        if self.mode == "once" and len(self.keys) == 1:
-            return VOTE if self.window > 0 else None
-        return ACQUIRE
 
     def vote(self) -> tuple[Any, ...]:
         """This attempt's vote (the same for every node; each node's books fill in the token of the
@@ -463,7 +456,11 @@ class Attempts:
         """
         self.attempts += 1
         self.results = results
-        waits = sorted((r.waited for r in results if isinstance(r, Granted)), reverse=True)
+        waits = []
+        for reply in results:  # a loop, not a generator: no Python call per reply
+            if isinstance(reply, Granted):
+                waits.append(reply.waited)
+        waits.sort(reverse=True)
         if len(waits) >= quorum:
             started += max(0.0, waits[quorum - 1] - EXPIRY_STEP) * (1 - self.config.clock_drift_factor)
             started = min(started, now)  # never more than a fresh acquire's validity

@@ -302,11 +302,12 @@ class NodeBooks(Generic[C]):
         """Commands to send before ``mine`` (debts due, a restart probe, a wait in line); books them all."""
         expect = conn.expect
         extra: list[Command] = []
-        if self.ledger.debts:
-            for debt in self.ledger.due(now, self.node_timeout):
+        ledger = self.ledger
+        if ledger.debts and now >= ledger.next_due:  # none can be due before next_due: no call
+            for debt in ledger.due(now, self.node_timeout):
                 extra.append(debt.command)
                 paid = Entry(entries.RELEASE, debt.key, debt.value)
-                paid.proves = self.ledger.ordered(expect, debt.key, debt.value)
+                paid.proves = ledger.ordered(expect, debt.key, debt.value)
                 expect.append(paid)
         if window > 0 and conn.restart is None and not conn.probing:
             extra.extend(PROBE)
@@ -348,7 +349,7 @@ class NodeBooks(Generic[C]):
         if restart is not None and last is not None and restart.run_id == last.run_id:
             self.history.heard = now  # that server still answers (see ledger.moved)
         if kind == entries.RELEASE:
-            self.ledger.settle(entry, reply, now)
+            reply = self.ledger.settle(entry, reply, now)  # as the round counts it (a 0 may count as a 1)
         elif kind == entries.SET:
             self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
             # Only its own write's two stamps come since the last vote on this connection (a vote
@@ -402,8 +403,6 @@ class NodeBooks(Generic[C]):
             else:
                 self.idle.append((conn, now))  # the usual case: nothing more due on it
         if waiter is not None:
-            if kind == entries.RELEASE:
-                reply = self.ledger.released(entry, reply)
             waiter.take(entry, reply, now)
         return taken, resend
 

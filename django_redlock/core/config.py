@@ -303,6 +303,14 @@ def check_arguments(values: Mapping[str, Any], names: Mapping[str, str] | None =
     return checked, problems
 
 
+#: The keys of a resource (after the key prefix): its lock, its waiting line's order and places,
+#: and the head of the wake list of each place in that line (C-level formatters: no Python call).
+_LOCK_KEY = "{}lock:{}".format
+_QUEUE_KEY = "{}queue:{}".format
+_PLACES_KEY = "{}places:{}".format
+_WAKE_PREFIX = "{}wake:{}:".format
+
+
 class ManagerConfig:
     """Validated settings shared by :class:`LockManager` and :class:`AsyncLockManager`."""
 
@@ -373,7 +381,7 @@ class ManagerConfig:
         self.watches_nodes = wants(hooks, "nodes_seen")
 
     def key(self, resource: str) -> str:
-        return f"{self.key_prefix}lock:{resource}"
+        return _LOCK_KEY(self.key_prefix, resource)
 
     @property
     def dataset_key(self) -> str:
@@ -383,14 +391,25 @@ class ManagerConfig:
     def line_keys(self, resource: str) -> tuple[str, str, str]:
         """The lock key, the waiting line's order and its places."""
         prefix = self.key_prefix
-        return f"{prefix}lock:{resource}", f"{prefix}queue:{resource}", f"{prefix}places:{resource}"
+        return _LOCK_KEY(prefix, resource), _QUEUE_KEY(prefix, resource), _PLACES_KEY(prefix, resource)
 
     def script_keys(self, resources: Sequence[str]) -> list[str]:
         """ACQUIRE's and RELEASE's KEYS: the line keys of each resource, in threes."""
-        return [key for resource in resources for key in self.line_keys(resource)]
+        prefix = self.key_prefix
+        keys: list[str] = []
+        for resource in resources:  # a loop of format calls: no Python call per resource
+            keys += (_LOCK_KEY(prefix, resource), _QUEUE_KEY(prefix, resource), _PLACES_KEY(prefix, resource))
+        return keys
 
     def wake_prefix(self, resource: str) -> str:
-        return f"{self.key_prefix}wake:{resource}:"
+        return _WAKE_PREFIX(self.key_prefix, resource)
+
+    def wake_keys(self, resources: Sequence[str], place: str) -> tuple[str, ...]:
+        """The wake list of ``place`` in each resource's line."""
+        prefix = self.key_prefix
+        if len(resources) == 1:
+            return (_WAKE_PREFIX(prefix, resources[0]) + place,)
+        return tuple([_WAKE_PREFIX(prefix, resource) + place for resource in resources])
 
     def inspect_command(self, keys: Sequence[str]) -> tuple[Any, ...]:
         """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""
@@ -413,8 +432,8 @@ class ManagerConfig:
     ) -> tuple[Any, ...]:
         """Compare-and-delete ``value``; leave the lines with ``place`` (or, with ``keep`` = (ticket,
         place lifetime ms), stay in them); wake the first waiter of each."""
-        life = ms(WAIT_SLICE + PLACE_MARGIN) if keep is None else keep[1]
-        prefixes = [self.wake_prefix(resource) for resource in resources]
+        life = _PLACE_LIFE if keep is None else keep[1]
+        prefixes = self.wake_keys(resources, "")
         ticket = "" if keep is None else keep[0]
         return script_command(RELEASE, self.script_keys(resources), (value, place, life, ticket, *prefixes))
 
@@ -468,3 +487,7 @@ def new_holder(label: str | None) -> Holder:
 
 def ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
+
+
+#: How long a release that leaves its lines keeps a place it did not keep: long enough to wake its next.
+_PLACE_LIFE = ms(WAIT_SLICE + PLACE_MARGIN)

@@ -250,12 +250,17 @@ class Ledger:
         pending = self.unanswered.get((key, value), 0)  # type: ignore[arg-type]
         return not pending or pending == sum(e.kind == SET and e.key == key and e.value == value for e in expect)
 
-    def settle(self, entry: Entry, reply: Any, now: float) -> None:
-        """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land."""
+    def settle(self, entry: Entry, reply: Any, now: float) -> Any:
+        """Book a release's reply: 1 deleted the key; 0 proves it gone unless a SET may still land.
+
+        Returns the reply as its round counts it: a 0 where a release of ours already deleted the
+        value (a payment, see below) is a 1."""
         pair = (entry.key, entry.value)
         debt = self.debts.get(pair)  # type: ignore[arg-type]
-        if debt is None or debt.deleted:
-            return
+        if debt is None:
+            return reply
+        if debt.deleted:
+            return 1 if reply == 0 else reply
         if reply == 1 and entry.waiter is None and debt.held():
             # A payment (written before its round began) deleted the key while the round runs: kept
             # until the round is over, so that the round's own 0 here is not taken for a loss.
@@ -267,14 +272,6 @@ class Ledger:
             and self.lost_sets.get(pair, 0.0) <= now  # type: ignore[arg-type]
         ):
             del self.debts[pair]  # type: ignore[arg-type]
-
-    def released(self, entry: Entry, reply: Any) -> Any:
-        """A release's reply as its round counts it: a 0 where a release of ours already deleted the
-        value (see :meth:`settle`) is a 1."""
-        if reply == 0:
-            debt = self.debts.get((entry.key, entry.value))  # type: ignore[arg-type]
-            if debt is not None and debt.deleted:
-                return 1
         return reply
 
     def dropped(self, entries: Sequence[Entry], until: float) -> None:

@@ -56,15 +56,19 @@ class LockBase:
         place: str = "",
         value: str | None = None,
         keys: tuple[str, ...] | None = None,
+        resource: str | None = None,
+        deadline: float | None = None,
     ) -> None:
-        """``value`` and ``keys``: the encoded holder and the resources' keys, when already known."""
+        """``value``, ``keys``, ``resource`` and ``deadline``: the encoded holder, the resources' keys,
+        their name and when the validity ends, when already known (by default, the ttl from
+        ``started`` less the drift)."""
         self.manager = manager
         # The acquire call's place in the nodes' waiting lines: the release leaves it.
         self._place = place
         #: The resources held, sorted: one, or several taken all or nothing.
         self.resources = resources
         #: The name callers lock, e.g. ``"invoice-42"`` (several: ``"invoice-1, invoice-2"``).
-        self.resource = base.name_of(resources)
+        self.resource = resource or base.name_of(resources)
         #: The Redis key of each resource, on every node.
         self.keys: tuple[str, ...] = keys or tuple(manager.config.key(r) for r in resources)
         #: The Redis key of the (first) resource.
@@ -75,7 +79,7 @@ class LockBase:
         self.value = value or holder.encode()
         #: Seconds the keys live on the nodes (the last ttl asked for).
         self.ttl = ttl
-        self._deadline: float = started + ttl - manager.config.drift(ttl)
+        self._deadline: float = started + ttl - manager.config.drift(ttl) if deadline is None else deadline
         #: How many times the lock was extended (by :meth:`extend` or automatically).
         self.extensions = 0
         # The caller's own extensions: only these count against max_extensions.
@@ -110,9 +114,10 @@ class LockBase:
     def granted(cls: type[_Self], manager: Any, plan: base.Attempts) -> _Self:
         """The lock an acquire call won (``plan``): valid until the plan says, which a grant in line
         that was not extended on a quorum bounds by its provisional ttl."""
-        lock = cls(manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place, plan.value, plan.keys)
-        lock._deadline = plan.valid_until
-        return lock
+        return cls(
+            manager, plan.resources, plan.holder, plan.ttl, plan.started, plan.place, plan.value, plan.keys,
+            plan.resource, plan.valid_until,
+        )
 
     @property
     def token(self) -> str:
@@ -291,8 +296,14 @@ class LockBase:
     def _judge_release(self, results: list[Any]) -> bool:
         """True when a quorum deleted the key. Only "not ours" from enough nodes marks it lost:
         a missing reply is no proof."""
-        deleted = base.count(results, lambda r: r == 1)
-        gone = sum(1 for r in results if not isinstance(r, Failure) and r == 0)
+        deleted = gone = 0
+        for reply in results:  # one loop, no call per reply
+            if reply is None or isinstance(reply, Failure):
+                continue
+            if reply == 1:
+                deleted += 1
+            elif reply == 0:
+                gone += 1
         if self._gone_from_quorum(gone):
             total = len(self.manager.node_list)
             self._mark_lost(

@@ -339,8 +339,15 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
         for node in nodes:
             if node._pid != pid:
                 node._check_fork()
-        with _all_mutexes(nodes):
+        held = []  # every node's mutex: the round owes its release to all of them at once
+        try:
+            for node in nodes:
+                node._mutex.acquire()
+                held.append(node._mutex)
             rnd = Round(books, fan, now=now, timeout=timeout)
+        finally:
+            for mutex in held:
+                mutex.release()
     else:
         rnd = Round(books, fan, now=now, timeout=timeout)
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
@@ -384,27 +391,9 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
         for i, conn in rnd.finish(clock.now()):
             nodes[i].drop(conn)
         raise
-    _finish(nodes, rnd, pid)
-    return rnd.results
-
-
-def _finish(nodes: Sequence[Node], rnd: Round[Wire], pid: int) -> None:
-    now = clock.now()
-    for i, conn in rnd.finish(now):
+    for i, conn in rnd.finish(clock.now()):
         nodes[i].checkin(conn, rnd.sent_at, pid)
-
-
-class _all_mutexes:
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        self.nodes = nodes
-
-    def __enter__(self) -> None:
-        for node in self.nodes:
-            node._mutex.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        for node in self.nodes:
-            node._mutex.release()
+    return rnd.results
 
 
 _POLL_READ = select.POLLIN | select.POLLERR | select.POLLHUP

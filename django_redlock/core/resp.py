@@ -110,7 +110,12 @@ def pack(args: Sequence[Any]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for value in args:  # the usual types first, without a call
         kind = type(value)
-        data = value.encode() if kind is str else value if kind is bytes else b"%d" % value if kind is int else _arg(value)
+        if kind is str:
+            data = value.encode()
+        elif kind is bytes:
+            data = value
+        else:
+            data = b"%d" % value if kind is int else _arg(value)
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 

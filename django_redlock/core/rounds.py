@@ -140,10 +140,17 @@ class Round(Generic[C]):
         else:
             self.kind = entries.OTHER
         self.block = block
-        # Worked out once for the round's first command, which usually goes to every node.
+        # Worked out once for the round's first command, which usually goes to every node: its
+        # entry's fields (a data-set token, see guarded(), or the script's source, EVAL, leave them
+        # as they are; an EXTEND's follow recreating(), per node) and a release's (key, value).
         self._first = first
-        self._fields: tuple[Any, ...] | None = None  # its entry's fields (see entries.entry_fields)
-        self._after = pair_of(first) if first is not None and fan.ordered_after_key is not None and self.kind == entries.RELEASE else None
+        self._fields: tuple[entries.Kind, str | None, str | None, float] | None = None
+        if first is not None and type(first[0]) is not tuple and script is not EXTEND:
+            self._fields = entry_fields(first, self.kind)
+        self._after: tuple[str, str] | None = None
+        ordered = fan.ordered_after_key is not None and self.kind == entries.RELEASE
+        if ordered and first is not None and self._fields is not None:
+            self._after = pair_of(first)
         self.ordered_after_key = fan.ordered_after_key
         self.allow_lagging = fan.allow_lagging
         self.window = restart_window
@@ -232,13 +239,8 @@ class Round(Generic[C]):
                 # never sent this script (a node that restarted has forgotten it), send the source.
                 command, retry = retry, None
                 conn.scripts.add(script.sha)
-        if original is not self._first or script is EXTEND:  # an EXTEND's fields follow recreating()
-            fields = entry_fields(command, self.kind)
-        else:  # a data-set token (guarded) or the script's source (EVAL) leave them as they were
-            fields = self._fields
-            if fields is None:
-                fields = self._fields = entry_fields(command, self.kind)
-        mine = Entry(*fields, self, retry)
+        fields = self._fields if original is self._first else None
+        mine = Entry(*(fields or entry_fields(command, self.kind)), self, retry)
         extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
         self._mine[i] = mine

@@ -87,7 +87,7 @@ class ManagerBase:
             if held is not None:
                 return held, None
         note = functools.partial(self._held.note, resources)
-        return None, steps.acquire(self.config, self.quorum, self.nodes, request, note)
+        return None, steps.acquire(self.config, self.quorum, self._names, request, note)
 
     @staticmethod
     def _keeping(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:

@@ -120,9 +120,8 @@ def test_a_payment_that_deleted_the_key_while_its_round_runs_makes_the_rounds_0_
     books.owe(KEY, VALUE, until=5.0, now=0.0, command=COMMAND, owing=owing)
     books.settle(release(), 1, now=0.1)  # a payment written before the round began
     own = Entry(RELEASE, KEY, VALUE, waiter=object())  # type: ignore[arg-type]
-    books.settle(own, 0, now=0.2)
-    assert books.released(own, 0) == 1  # deleted by our own release: not a loss
-    assert books.released(release("v2"), 0) == 0
+    assert books.settle(own, 0, now=0.2) == 1  # deleted by our own release: not a loss
+    assert books.settle(release("v2"), 0, now=0.2) == 0
     owing.over = True
     assert books.due(0.3, retry_after=1.0) == [] and not books.debts  # nothing left to pay
 
