@@ -117,7 +117,6 @@ class AsyncNode:
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], NodeBooks[AConn]] | None = None
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
@@ -132,9 +131,6 @@ class AsyncNode:
 
     def books_for(self, loop: asyncio.AbstractEventLoop, pid: int) -> NodeBooks[AConn]:
         """:attr:`books` for a fan-out that read the loop and ``os.getpid()`` (a syscall) once for all nodes."""
-        last = self._last
-        if last is not None and last[0]() is loop and pid == self._pid:
-            return last[1]  # the loop of the last fan-out, usually (a weak dictionary's get is a Python call)
         books = self._pools.get(loop)
         if books is None or pid != self._pid:
             with self._pools_lock:
@@ -147,7 +143,6 @@ class AsyncNode:
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
-        self._last = (weakref.ref(loop), books)
         return books
 
     def _sweep_closed_loops(self) -> None:
