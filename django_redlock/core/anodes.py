@@ -374,8 +374,7 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
     def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
         anode = anodes[i]
         error = None
-        # Outside the try: only the write is the node's failure. A lone command is the round's own.
-        data = (len(wire) == 1 and packed.get(wire[0])) or pack_write(wire, packed)
+        data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
         try:
             aconn.transport.write(data)
         except Exception as exc:  # noqa: BLE001 - the connection is broken

@@ -407,9 +407,10 @@ class ManagerConfig:
     def wake_keys(self, resources: Sequence[str], place: str) -> tuple[str, ...]:
         """The wake list of ``place`` in each resource's line."""
         prefix = self.key_prefix
-        if len(resources) == 1:
-            return (_WAKE_PREFIX(prefix, resources[0]) + place,)
-        return tuple([_WAKE_PREFIX(prefix, resource) + place for resource in resources])
+        wakes: list[str] = []
+        for resource in resources:  # a loop, as in script_keys
+            wakes.append(_WAKE_PREFIX(prefix, resource) + place)
+        return tuple(wakes)
 
     def inspect_command(self, keys: Sequence[str]) -> tuple[Any, ...]:
         """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""

@@ -362,8 +362,7 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
             conn, since, wire = got
             writing = (node, conn)
             error = None
-            # Outside the try: only the write is the node's failure. A lone command is the round's own.
-            data = (len(wire) == 1 and packed.get(wire[0])) or pack_write(wire, packed)
+            data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
             try:
                 conn.send_packed_command(data)
             except (RedisError, OSError, ValueError) as exc:
@@ -371,15 +370,14 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
                 _disconnect(conn)
             writing = None
             if error is None and since is None:
-                watched[conn.fd] = (i, conn)  # the usual case: wait for it, no call to written()
-                if conn.tls:
-                    tls.append(conn.fd)
+                wait = True  # the usual case: no call to written(), see its contract
             else:
                 with node._mutex:
-                    if rnd.written(i, conn, since, now, error):
-                        watched[conn.fd] = (i, conn)
-                        if conn.tls:
-                            tls.append(conn.fd)
+                    wait = rnd.written(i, conn, since, now, error)
+            if wait:
+                watched[conn.fd] = (i, conn)
+                if conn.tls:
+                    tls.append(conn.fd)
         if watched:
             _collect(nodes, rnd, watched, tls)
     except BaseException:

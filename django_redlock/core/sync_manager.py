@@ -109,9 +109,10 @@ class ManagerBase:
         """The handle of a lock held elsewhere: its stored value, valid as long as a quorum keeps it."""
         adoption, started, held_for = found
         assert adoption.holder is not None and adoption.value is not None
-        lock = lock_class(self, adoption.resources, adoption.holder, self.config.lock_ttl(ttl, self.config.ttl), started)
-        lock.value = adoption.value
-        lock._deadline = started + held_for
+        ttl = self.config.lock_ttl(ttl, self.config.ttl)
+        lock = lock_class(
+            self, adoption.resources, adoption.holder, ttl, started, value=adoption.value, deadline=started + held_for
+        )
         lock._fencing_token = fencing_token
         self._held.add(lock)
         return lock
