@@ -1,4 +1,4 @@
-"""Every way of holding a lock reports its loss through one rule, ``LockBase._loss_to_report``.
+"""Every way of holding a lock reports its loss through one rule, ``held.loss_to_report``.
 
 Each hold's body force-releases its own lock (an operator, from the admin), so the release finds
 the key gone on every node and the lock lost. Each hold must then report it: ``with`` and
@@ -22,7 +22,7 @@ from django.test import AsyncRequestFactory, RequestFactory
 from django.views import View
 
 from django_redlock import get_async_lock_manager, get_lock_manager, redlock, redlock_command
-from django_redlock.core.lock import LockBase
+from django_redlock.core import held
 from django_redlock.decorators import EXIT_LOST, RedlockMixin
 from django_redlock.exceptions import LockLost
 
@@ -191,5 +191,5 @@ def test_every_hold_reports_a_lost_lock(hold):
 
 @pytest.mark.parametrize("hold", HOLDS, ids=lambda hold: hold.__name__)
 def test_every_hold_asks_the_one_rule(hold, monkeypatch):
-    monkeypatch.setattr(LockBase, "_loss_to_report", lambda self, raised=False: None)
+    monkeypatch.setattr(held, "loss_to_report", lambda lock, raised=False: None)
     assert not hold(), f"{hold.__name__} reported a loss the rule swallowed: it decides on its own"

@@ -15,7 +15,7 @@ import traceback
 import pytest
 import redis
 
-from django_redlock.core import AsyncLockManager, Hooks, LockManager, steps
+from django_redlock.core import AsyncLockManager, Hooks, LockManager, held, steps
 from django_redlock.core import sync_manager as manager_module
 from django_redlock.core.extender import Extender
 from django_redlock.core.scripts import EXTEND
@@ -277,7 +277,7 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
     on_lost = []
     try:
         with mgr.lock("inflight", ttl=0.3, auto_extend=True, on_lost=on_lost.append) as lock:
-            real_judge = lock._judge_extend
+            real_judge = held.judge_extend
 
             def judge(*args):
                 try:
@@ -285,7 +285,7 @@ def test_extension_landing_after_a_clean_release_is_not_a_loss(manager, servers,
                 finally:
                     judged.set()
 
-            lock._judge_extend = judge
+            monkeypatch.setattr(held, "judge_extend", judge)
             assert extending.wait(2.0)
         released.set()
         assert judged.wait(2.0)

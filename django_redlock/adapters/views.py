@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
 from django_redlock import conf
-from django_redlock.core import base
+from django_redlock.core import base, held
 from django_redlock.core.async_manager import AsyncLockContext
 from django_redlock.core.lock import LockContext
 from django_redlock.adapters import transactions
@@ -152,7 +152,7 @@ def _run_held(
         return _leave_after_stream(result, hold.leave)
     if enclosing and isinstance(result, HttpResponseBase):
         # The request's transaction commits after this returns: checked now, released once it has ended.
-        loss = None if transactions.still_held(lock) else lock._loss_to_report()
+        loss = None if transactions.still_held(lock) else held.loss_to_report(lock)
         enclosing.leave_after(lambda: hold.leave(raised=True))  # a loss found then is logged and signalled
         return answer_loss(loss, result, request, api)
     return answer_loss(hold.leave(), result, request, api)

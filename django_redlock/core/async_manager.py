@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, cast
 
-from django_redlock.core import base, steps
+from django_redlock.core import base, held, steps
 from django_redlock.core.anodes import AsyncNode, afanout, settle_and_close
 from django_redlock.core.base import Request, Resources
 from django_redlock.core.held import LockBase
@@ -74,7 +74,7 @@ class AsyncLock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.release()
-        error = self._loss_to_report(exc_type is not None)
+        error = held.loss_to_report(self, exc_type is not None)
         if error is not None:
             raise error
 
@@ -96,7 +96,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
 
     async def leave(self, raised: bool = False) -> LockLost | None:
         """Stop keeping the lock alive and release it (this entry of it); return the loss to report,
-        or None (see :meth:`LockBase._loss_to_report`). Each call leaves one entry: once all are
+        or None (see :func:`~django_redlock.core.held.loss_to_report`). Each call leaves one entry: once all are
         left, a call does nothing."""
         entry = self._leaving()
         if entry is None:
@@ -110,7 +110,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
                 await asyncio.wait({task})
         finally:
             await lock.release()
-        return lock._loss_to_report(raised)
+        return held.loss_to_report(lock, raised)
 
     def leave_from_thread(self, via: LockManager) -> LockLost | None:
         """:meth:`leave` from a thread without this lock's loop (a server closing a streamed
@@ -125,7 +125,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
             except RuntimeError:  # its loop is closed
                 pass
         via._release(lock)
-        return lock._loss_to_report()
+        return held.loss_to_report(lock)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -172,7 +172,7 @@ async def _keep_alive_loop(watch: Any) -> None:
                 watch.failure = None
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)
-        elif action == "check" and lock._can_ask():
+        elif action == "check" and held.can_ask(lock):
             await lock._check_owned()
         if action == "stop" or lock.lost or lock.released:
             return
@@ -233,9 +233,9 @@ class AsyncLockManager(ManagerBase):
 
     async def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> AsyncLock:
         """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
-        held, step = self._acquiring(request)
+        entered, step = self._acquiring(request)
         if step is None:
-            return cast(AsyncLock, held)
+            return cast(AsyncLock, entered)
         lock = self._granted(await self._run(step), AsyncLock)
         if keep is not None:
             try:

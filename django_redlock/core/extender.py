@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-from django_redlock.core import clock
+from django_redlock.core import clock, held
 from django_redlock.exceptions import LockError, LockLost
 
 logger = logging.getLogger("django_redlock")
@@ -104,7 +104,7 @@ def next_action(watch: Watch, lock: Any) -> str:
             reason = f"it expired while extensions failed (last: {watch.failure})"
         else:
             reason = "it expired before it could be extended"
-        lock._mark_lost(reason, while_held=True)
+        held.mark_lost(lock, reason, while_held=True)
         return "stop"
     if watch.stopped is None and watch.stop_extending_at is not None and now >= watch.stop_extending_at:
         watch.stopped = "it was no longer extended (max_hold reached) and expired"
@@ -279,7 +279,7 @@ class Extender:
                 watch.failure = None
             except Exception as exc:  # noqa: BLE001 - judged by note_extend_error
                 note_extend_error(watch, lock, exc)
-        elif action == "check" and lock._can_ask():
+        elif action == "check" and held.can_ask(lock):
             lock._check_owned()  # marks it lost when enough nodes say "not ours"
         if action == "stop" or lock.lost or lock.released:
             self._drop(watch, lock)

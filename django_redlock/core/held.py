@@ -1,5 +1,6 @@
-"""The held lock: its state (validity on the monotonic clock, extensions, loss, release), the judgements
-of the nodes' replies about it, and the locks a manager holds in this process. No I/O.
+"""The held lock: its state, a record (validity on the monotonic clock, extensions, loss, release); the
+plain functions that judge it and the nodes' replies about it; the locks a manager holds in this process.
+No I/O.
 
 :class:`LockBase` is what the steps act on and the hooks are told about; the handles
 (:class:`~django_redlock.core.lock.Lock`, :class:`~django_redlock.core.async_manager.AsyncLock`) add the calls.
@@ -7,6 +8,7 @@ of the nodes' replies about it, and the locks a manager holds in this process. N
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -20,7 +22,26 @@ from django_redlock.core.records import Holder
 from django_redlock.core.books import Failure
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, QuorumUnavailable
 
-__all__ = ["HeldLocks", "LockBase", "Manager", "check_fence_written"]
+__all__ = [
+    "HeldLocks",
+    "LockBase",
+    "Manager",
+    "can_ask",
+    "check_extendable",
+    "check_fence_written",
+    "extend_timeout",
+    "forked",
+    "is_ours",
+    "judge_extend",
+    "judge_owned",
+    "judge_release",
+    "lend",
+    "loss_to_report",
+    "mark_lost",
+    "owned_error",
+    "read_command",
+    "start_release",
+]
 
 logger = logging.getLogger("django_redlock")
 
@@ -42,7 +63,8 @@ _Self = TypeVar("_Self", bound="LockBase")
 
 
 class LockBase:
-    """State shared by :class:`Lock` and :class:`~django_redlock.core.async_manager.AsyncLock`."""
+    """A held lock's state: the record :class:`Lock` and :class:`~django_redlock.core.async_manager.AsyncLock`
+    build on. The functions below this class judge it; it has no judgements of its own."""
 
     manager: Manager
 
@@ -134,233 +156,251 @@ class LockBase:
 
         Always False in a forked child: the parent holds the lock, not the child.
         """
-        return not (self.released or self.lost or self._forked()) and self.validity > 0
-
-    def _forked(self) -> bool:
-        """True in a child forked after this lock was acquired."""
-        return os.getpid() != self._pid
-
-    def _mark_lost(self, reason: str, *, while_held: bool = False) -> bool:
-        """Record the loss once (logged, and told to the hooks); return True the first time.
-
-        ``while_held``: the evidence predates a release only if the lock was not
-        released yet, so a released lock is left alone.
-        """
-        if self._forked():
-            return False
-        with self._state:
-            if self.lost or (while_held and self.released):
-                return False
-            self.lost = True
-            self.lost_reason = reason
-            listener = self._lost_listener
-        if not self.reports_own_loss:
-            logger.error("Lock %r was lost: %s (holder digest %s)", self.resource, reason, self.holder.digest)
-        base.call_hook(self.manager.config.hooks, "lost", self, reason)
-        if listener is not None:
-            listener(self)
-        return True
-
-    def _is_ours(self, reply: object) -> bool:
-        """A node's read (see :meth:`_read_command`) shows this holder's value on every key."""
-        if type(reply) is list:
-            return all(self._is_ours(r) for r in reply)
-        return reply == self.value.encode() or reply == self.value
-
-    def _read_command(self) -> tuple[Any, ...]:
-        return ("MGET", *self.keys)
-
-    def _gone_from_quorum(self, gone: int) -> bool:
-        """True when ``gone`` nodes answering "not ours" leave too few to make a quorum."""
-        return gone > len(self.manager.node_list) - self.manager.quorum
-
-    def _extend_timeout(self) -> float:
-        # Waiting past the validity is useless: a late extension does not count.
-        return max(0.001, min(self.manager.config.node_timeout, self.validity))
-
-    def _can_ask(self) -> bool:
-        """False when :meth:`owned` can answer without the nodes (released, lost, expired, forked)."""
-        if self.released or self.lost or self._forked():
-            return False
-        if self.validity <= 0:
-            self._mark_lost("it expired while held", while_held=True)
-            return False
-        return True
-
-    def _judge_owned(self, results: list[Any]) -> bool | None:
-        """Judge GET replies: True (a quorum stores our value), False (lost), None (too few answers)."""
-        ours = base.count(results, self._is_ours)
-        gone = sum(1 for r in results if not isinstance(r, Failure) and not self._is_ours(r))
-        total = len(self.manager.node_list)
-        if ours >= self.manager.quorum:
-            if self.validity > 0:
-                return True
-            self._mark_lost("it expired while held", while_held=True)
-            return False
-        if self._gone_from_quorum(gone):
-            reason = (
-                f"{gone} of {total} nodes no longer store this holder's value "
-                "(force-released, expired early or taken over)"
-            )
-            self._mark_lost(reason, while_held=True)
-            return False
-        return None
-
-    def _owned_error(self, results: list[Any]) -> QuorumUnavailable:
-        manager = self.manager
-        total = len(manager.node_list)
-        failures = base.failures_of(manager.node_list, results, "does not store this holder's value", self._is_ours)
-        detail = "; ".join(f"{k}: {v}" for k, v in failures.items())
-        ours = base.count(results, self._is_ours)
-        return QuorumUnavailable(
-            f"Cannot tell whether lock {self.resource!r} is still held: {ours} of {total} nodes store it, "
-            f"{manager.quorum} needed, and too few answered to rule it out ({detail}).",
-            resource=self.resource,
-            granted=ours,
-            quorum=manager.quorum,
-            total=total,
-            failures=failures,
-        )
-
-    def _loss_to_report(self, raised: bool = False) -> LockLost | None:
-        """The one rule for reporting a loss, asked once the lock is released: the error telling the
-        holder's caller it ran without its lock, or None.
-
-        None when the lock was not lost, in a forked child (the parent holds it), and when the held
-        code raised (``raised``): its own exception goes on, the loss was logged and sent to the
-        ``lost`` hook. Every hold asks it (``with``, ``async with``, ``@redlock``, ``RedlockMixin``,
-        ``@redlock_command``, ``@redlock_task``): a lost lock is never only a log line.
-        """
-        if raised or not self.lost or self._forked():
-            return None
-        return base.lost_error(self.resource, self.lost_reason or "it expired while held")
-
-    def _check_extendable(self, ttl: Any, counted: bool) -> float:
-        if self._forked():
-            raise LockError(
-                f"Lock {self.resource!r} belongs to process {self._pid}; a forked child does not hold it.",
-                resource=self.resource,
-            )
-        if self.released:
-            raise LockError(f"Lock {self.resource!r} was released; acquire it again.", resource=self.resource)
-        if self.lost:
-            raise base.lost_error(self.resource, self.lost_reason or "it was marked lost")
-        limit = self.max_extensions
-        if counted and limit is not None and self._counted_extensions >= limit:
-            raise extension_limit_error(self, limit)
-        new_ttl = self.manager.config.lock_ttl(ttl, self.ttl)  # never above max_ttl
-        if self.validity <= 0:
-            reason = "it expired before it could be extended"
-            self._mark_lost(reason, while_held=True)
-            raise base.lost_error(self.resource, reason)
-        return new_ttl
-
-    def _judge_extend(
-        self, results: list[Any], started: float, old_deadline: float, ttl: float, counted: bool
-    ) -> None:
-        """Apply an EXTEND fan-out's replies; raise :class:`LockLost` when it did not hold."""
-        manager = self.manager
-        quorum = manager.quorum
-        total = len(manager.node_list)
-        if self.released:  # released while the EXTEND was on the wire: its replies mean nothing
-            raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
-        extended = base.count(results, base.extended)
-        if base.extension_held(results, quorum, self._clock(), old_deadline):
-            self.ttl = ttl
-            self._deadline = started + ttl - manager.config.drift(ttl)
-            self.extensions += 1
-            self._counted_extensions += int(counted)
-            base.call_hook(manager.config.hooks, "extended", self)
-            return
-        gone = base.count(results, base.key_gone)
-        detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", base.extended).items())
-        if self._gone_from_quorum(gone) or self.validity <= 0:
-            if self._gone_from_quorum(gone) and extended >= quorum:  # set again where lost: not kept
-                reason = (
-                    f"{gone} of {total} nodes no longer stored this holder's value "
-                    "(force-released, expired early or taken over)"
-                )
-            elif extended >= quorum:
-                reason = f"its validity ran out before the extension's replies were in ({extended} of {total} agreed)"
-            else:
-                reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
-            if not self._mark_lost(reason, while_held=True) and self.released:
-                raise LockError(f"Lock {self.resource!r} was released during the extension.", resource=self.resource)
-            raise base.lost_error(self.resource, self.lost_reason or reason)
-        raise LockLost(
-            f"Could not extend lock {self.resource!r}: {extended} of {total} nodes agreed, {quorum} needed "
-            f"({detail}); it stays valid for {self.validity * 1000:.0f} ms unless extended.",
-            resource=self.resource,
-        )
-
-    def _judge_release(self, results: list[Any]) -> bool:
-        """True when a quorum deleted the key. Only "not ours" from enough nodes marks it lost:
-        a missing reply is no proof."""
-        deleted = gone = 0
-        for reply in results:  # one loop, no call per reply
-            if reply is None or isinstance(reply, Failure):
-                continue
-            if reply == 1:
-                deleted += 1
-            elif reply == 0:
-                gone += 1
-        if self._gone_from_quorum(gone):
-            total = len(self.manager.node_list)
-            self._mark_lost(
-                f"at release {gone} of {total} nodes no longer stored this holder's value "
-                "(force-released, expired early or taken over)"
-            )
-        base.call_hook(self.manager.config.hooks, "released", self)
-        return deleted >= self.manager.quorum
-
-    def _start_release(self) -> bool | None:
-        """Leave one entry: None when an outer entry (``reentrant=True``) still holds the lock; else
-        mark it released and return True, or False when it already was (or in a forked child).
-
-        Both happen in one critical section with :meth:`HeldLocks.enter`'s check, so nobody
-        enters a lock that is being released. Flags an expired lock as lost, at an inner entry's
-        exit too. From here on the watchdog no longer reports losses.
-        """
-        if self._forked():
-            return False
-        with self._state:
-            if self.released:
-                return False
-            inner = self._depth > 1
-            if inner:
-                self._depth -= 1
-                if self._borrowed and self._owner() is not owners.caller()[0]:
-                    self._borrowed -= 1  # only the one call it is lent to holds entries besides the owner
-            else:
-                self.released = True
-        if inner:
-            # The entry's code ran past the validity: its exit reports the loss, not only the outermost.
-            if not self.lost and self._deadline <= self._clock():
-                self._mark_lost("it expired while held", while_held=True)
-            return None
-        self._lost_listener = None
-        self.manager._held.discard(self)
-        if not self.lost and self._deadline <= self._clock():
-            self._mark_lost("it expired before it was released")
-        return True
-
-    def _lend(self, caller: Any) -> bool:
-        """May ``caller`` (the owner, or a call within it) enter now? A call within the owner (a view
-        run for its middleware) borrows the lock; two such calls side by side (tasks gathered
-        there) never hold it at once. Under ``self._state``."""
-        if self._owner() is caller:
-            return True
-        if not self._borrowed:
-            self._borrower, self._borrowed = weakref.ref(caller), 1
-            return True
-        if self._borrower is not None and self._borrower() is caller:
-            self._borrowed += 1
-            return True
-        return False  # lent to another call until it releases (a call that ended keeps it till then)
+        return not (self.released or self.lost or forked(self)) and self.validity > 0
 
     def __repr__(self) -> str:
         state = "released" if self.released else "lost" if self.lost else f"valid {self.validity:.3f}s"
         return f"<{type(self).__name__} {self.resource!r} {state}>"
+
+
+def forked(lock: LockBase) -> bool:
+    """True in a child forked after ``lock`` was acquired."""
+    return os.getpid() != lock._pid
+
+
+def mark_lost(lock: LockBase, reason: str, *, while_held: bool = False) -> bool:
+    """Record the loss once (logged, and told to the hooks); return True the first time.
+
+    ``while_held``: the evidence predates a release only if the lock was not
+    released yet, so a released lock is left alone.
+    """
+    if forked(lock):
+        return False
+    with lock._state:
+        if lock.lost or (while_held and lock.released):
+            return False
+        lock.lost = True
+        lock.lost_reason = reason
+        listener = lock._lost_listener
+    if not lock.reports_own_loss:
+        logger.error("Lock %r was lost: %s (holder digest %s)", lock.resource, reason, lock.holder.digest)
+    base.call_hook(lock.manager.config.hooks, "lost", lock, reason)
+    if listener is not None:
+        listener(lock)
+    return True
+
+
+def is_ours(lock: LockBase, reply: object) -> bool:
+    """A node's read (see :func:`read_command`) shows this holder's value on every key."""
+    if type(reply) is list:
+        return all(is_ours(lock, r) for r in reply)
+    return reply == lock.value.encode() or reply == lock.value
+
+
+def read_command(lock: LockBase) -> tuple[Any, ...]:
+    """The read :func:`is_ours` judges: every key's value."""
+    return ("MGET", *lock.keys)
+
+
+def gone_from_quorum(lock: LockBase, gone: int) -> bool:
+    """True when ``gone`` nodes answering "not ours" leave too few to make a quorum."""
+    return gone > len(lock.manager.node_list) - lock.manager.quorum
+
+
+def extend_timeout(lock: LockBase) -> float:
+    # Waiting past the validity is useless: a late extension does not count.
+    return max(0.001, min(lock.manager.config.node_timeout, lock.validity))
+
+
+def can_ask(lock: LockBase) -> bool:
+    """False when :meth:`owned` can answer without the nodes (released, lost, expired, forked)."""
+    if lock.released or lock.lost or forked(lock):
+        return False
+    if lock.validity <= 0:
+        mark_lost(lock, "it expired while held", while_held=True)
+        return False
+    return True
+
+
+def judge_owned(lock: LockBase, results: list[Any]) -> bool | None:
+    """Judge GET replies: True (a quorum stores our value), False (lost), None (too few answers)."""
+    ours = base.count(results, functools.partial(is_ours, lock))
+    gone = sum(1 for r in results if not isinstance(r, Failure) and not is_ours(lock, r))
+    total = len(lock.manager.node_list)
+    if ours >= lock.manager.quorum:
+        if lock.validity > 0:
+            return True
+        mark_lost(lock, "it expired while held", while_held=True)
+        return False
+    if gone_from_quorum(lock, gone):
+        reason = (
+            f"{gone} of {total} nodes no longer store this holder's value "
+            "(force-released, expired early or taken over)"
+        )
+        mark_lost(lock, reason, while_held=True)
+        return False
+    return None
+
+
+def owned_error(lock: LockBase, results: list[Any]) -> QuorumUnavailable:
+    manager = lock.manager
+    total = len(manager.node_list)
+    ours_here = functools.partial(is_ours, lock)
+    failures = base.failures_of(manager.node_list, results, "does not store this holder's value", ours_here)
+    detail = "; ".join(f"{k}: {v}" for k, v in failures.items())
+    ours = base.count(results, ours_here)
+    return QuorumUnavailable(
+        f"Cannot tell whether lock {lock.resource!r} is still held: {ours} of {total} nodes store it, "
+        f"{manager.quorum} needed, and too few answered to rule it out ({detail}).",
+        resource=lock.resource,
+        granted=ours,
+        quorum=manager.quorum,
+        total=total,
+        failures=failures,
+    )
+
+
+def loss_to_report(lock: LockBase, raised: bool = False) -> LockLost | None:
+    """The one rule for reporting a loss, asked once the lock is released: the error telling the
+    holder's caller it ran without its lock, or None.
+
+    None when the lock was not lost, in a forked child (the parent holds it), and when the held
+    code raised (``raised``): its own exception goes on, the loss was logged and sent to the
+    ``lost`` hook. Every hold asks it (``with``, ``async with``, ``@redlock``, ``RedlockMixin``,
+    ``@redlock_command``, ``@redlock_task``): a lost lock is never only a log line.
+    """
+    if raised or not lock.lost or forked(lock):
+        return None
+    return base.lost_error(lock.resource, lock.lost_reason or "it expired while held")
+
+
+def check_extendable(lock: LockBase, ttl: Any, counted: bool) -> float:
+    if forked(lock):
+        raise LockError(
+            f"Lock {lock.resource!r} belongs to process {lock._pid}; a forked child does not hold it.",
+            resource=lock.resource,
+        )
+    if lock.released:
+        raise LockError(f"Lock {lock.resource!r} was released; acquire it again.", resource=lock.resource)
+    if lock.lost:
+        raise base.lost_error(lock.resource, lock.lost_reason or "it was marked lost")
+    limit = lock.max_extensions
+    if counted and limit is not None and lock._counted_extensions >= limit:
+        raise extension_limit_error(lock, limit)
+    new_ttl = lock.manager.config.lock_ttl(ttl, lock.ttl)  # never above max_ttl
+    if lock.validity <= 0:
+        reason = "it expired before it could be extended"
+        mark_lost(lock, reason, while_held=True)
+        raise base.lost_error(lock.resource, reason)
+    return new_ttl
+
+
+def judge_extend(
+    lock: LockBase, results: list[Any], started: float, old_deadline: float, ttl: float, counted: bool
+) -> None:
+    """Apply an EXTEND fan-out's replies; raise :class:`LockLost` when it did not hold."""
+    manager = lock.manager
+    quorum = manager.quorum
+    total = len(manager.node_list)
+    if lock.released:  # released while the EXTEND was on the wire: its replies mean nothing
+        raise LockError(f"Lock {lock.resource!r} was released during the extension.", resource=lock.resource)
+    extended = base.count(results, base.extended)
+    if base.extension_held(results, quorum, lock._clock(), old_deadline):
+        lock.ttl = ttl
+        lock._deadline = started + ttl - manager.config.drift(ttl)
+        lock.extensions += 1
+        lock._counted_extensions += int(counted)
+        base.call_hook(manager.config.hooks, "extended", lock)
+        return
+    gone = base.count(results, base.key_gone)
+    detail = "; ".join(f"{k}: {v}" for k, v in base.failures_of(manager.node_list, results, "key gone", base.extended).items())
+    if gone_from_quorum(lock, gone) or lock.validity <= 0:
+        if gone_from_quorum(lock, gone) and extended >= quorum:  # set again where lost: not kept
+            reason = (
+                f"{gone} of {total} nodes no longer stored this holder's value "
+                "(force-released, expired early or taken over)"
+            )
+        elif extended >= quorum:
+            reason = f"its validity ran out before the extension's replies were in ({extended} of {total} agreed)"
+        else:
+            reason = f"extension reached {extended} of {total} nodes, {quorum} needed ({detail})"
+        if not mark_lost(lock, reason, while_held=True) and lock.released:
+            raise LockError(f"Lock {lock.resource!r} was released during the extension.", resource=lock.resource)
+        raise base.lost_error(lock.resource, lock.lost_reason or reason)
+    raise LockLost(
+        f"Could not extend lock {lock.resource!r}: {extended} of {total} nodes agreed, {quorum} needed "
+        f"({detail}); it stays valid for {lock.validity * 1000:.0f} ms unless extended.",
+        resource=lock.resource,
+    )
+
+
+def judge_release(lock: LockBase, results: list[Any]) -> bool:
+    """True when a quorum deleted the key. Only "not ours" from enough nodes marks it lost:
+    a missing reply is no proof."""
+    deleted = gone = 0
+    for reply in results:  # one loop, no call per reply
+        if reply is None or isinstance(reply, Failure):
+            continue
+        if reply == 1:
+            deleted += 1
+        elif reply == 0:
+            gone += 1
+    if gone_from_quorum(lock, gone):
+        total = len(lock.manager.node_list)
+        mark_lost(
+            lock,
+            f"at release {gone} of {total} nodes no longer stored this holder's value "
+            "(force-released, expired early or taken over)"
+        )
+    base.call_hook(lock.manager.config.hooks, "released", lock)
+    return deleted >= lock.manager.quorum
+
+
+def start_release(lock: LockBase) -> bool | None:
+    """Leave one entry: None when an outer entry (``reentrant=True``) still holds the lock; else
+    mark it released and return True, or False when it already was (or in a forked child).
+
+    Both happen in one critical section with :meth:`HeldLocks.enter`'s check, so nobody
+    enters a lock that is being released. Flags an expired lock as lost, at an inner entry's
+    exit too. From here on the watchdog no longer reports losses.
+    """
+    if forked(lock):
+        return False
+    with lock._state:
+        if lock.released:
+            return False
+        inner = lock._depth > 1
+        if inner:
+            lock._depth -= 1
+            if lock._borrowed and lock._owner() is not owners.caller()[0]:
+                lock._borrowed -= 1  # only the one call it is lent to holds entries besides the owner
+        else:
+            lock.released = True
+    if inner:
+        # The entry's code ran past the validity: its exit reports the loss, not only the outermost.
+        if not lock.lost and lock._deadline <= lock._clock():
+            mark_lost(lock, "it expired while held", while_held=True)
+        return None
+    lock._lost_listener = None
+    lock.manager._held.discard(lock)
+    if not lock.lost and lock._deadline <= lock._clock():
+        mark_lost(lock, "it expired before it was released")
+    return True
+
+
+def lend(lock: LockBase, caller: Any) -> bool:
+    """May ``caller`` (the owner, or a call within it) enter now? A call within the owner (a view
+    run for its middleware) borrows the lock; two such calls side by side (tasks gathered
+    there) never hold it at once. Under ``lock._state``."""
+    if lock._owner() is caller:
+        return True
+    if not lock._borrowed:
+        lock._borrower, lock._borrowed = weakref.ref(caller), 1
+        return True
+    if lock._borrower is not None and lock._borrower() is caller:
+        lock._borrowed += 1
+        return True
+    return False  # lent to another call until it releases (a call that ended keeps it till then)
 
 
 class HeldLocks:
@@ -412,7 +452,7 @@ class HeldLocks:
         covering = [lock for lock in mine if set(resources) <= set(lock.resources)]
         for lock in covering:
             with lock._state:  # entered only while still held: a release may have just begun
-                if not (lock.released or lock.lost) and lock.validity > 0 and lock._lend(me):
+                if not (lock.released or lock.lost) and lock.validity > 0 and lend(lock, me):
                     lock._depth += 1
                     return lock
         if covering:
@@ -453,7 +493,7 @@ def check_fence_written(lock: LockBase, writes: Sequence[Any], token: int, quoru
         )
     if not lock.locked():
         reason = "it expired while its fencing token was written"
-        lock._mark_lost(reason)
+        mark_lost(lock, reason)
         raise base.lost_error(lock.resource, reason)
 
 

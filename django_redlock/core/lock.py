@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from django_redlock.core import base, owners, steps
+from django_redlock.core import base, held, owners, steps
 from django_redlock.core.config import Request
 from django_redlock.core.held import LockBase, Manager
 from django_redlock.exceptions import LockLost
@@ -125,7 +125,7 @@ class Lock(LockBase):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-        error = self._loss_to_report(exc_type is not None)
+        error = held.loss_to_report(self, exc_type is not None)
         if error is not None:
             raise error
 
@@ -137,7 +137,7 @@ class ContextBase(Generic[_L]):
     """A hold: ``manager.lock(...)``'s arguments, checked before anything is acquired, and the lock
     once entered. It owns the lock's whole life: acquire (waiting, reentrancy, several resources),
     keep-alive (``auto_extend``, ``max_hold``, ``on_lost``), release, and the loss report
-    (:meth:`LockBase._loss_to_report`)."""
+    (:func:`~django_redlock.core.held.loss_to_report`)."""
 
     def __init__(self, manager: Any, request: Request, keep: tuple[float | None, Any] | None) -> None:
         """``request`` and ``keep``: the arguments as the manager checked them (``ManagerConfig.request``,
@@ -201,14 +201,14 @@ class LockContext(ContextBase[Lock]):
 
     def leave(self, raised: bool = False) -> LockLost | None:
         """Release the lock (this entry of it) and stop keeping it alive; return the loss to report,
-        or None (see :meth:`LockBase._loss_to_report`). Each call leaves one entry: once all are
+        or None (see :func:`~django_redlock.core.held.loss_to_report`). Each call leaves one entry: once all are
         left, a call does nothing."""
         entry = self._leaving()
         if entry is None:
             return None
         lock = entry[0]
         lock.release()
-        return lock._loss_to_report(raised)
+        return held.loss_to_report(lock, raised)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -19,6 +19,7 @@ The test suite's simulator gives a manager a ``_perform`` of its own.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -242,8 +243,8 @@ def acquire(
         if timed:
             base.call_hook(config.hooks, "acquire_finished", plan.report("error", config.clock()))
         raise
-    held = base.holders_of(plan.resources, ttls, quorum, plan.value)
-    error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "", held)
+    holders = base.holders_of(plan.resources, ttls, quorum, plan.value)
+    error = plan.error(names, quorum, plan.retry_after(ttls, quorum), note() if note is not None else "", holders)
     base.call_hook(config.hooks, "not_acquired", plan.resource, error)
     if timed:
         outcome: base.Outcome = "no_quorum" if isinstance(error, QuorumUnavailable) else "locked"
@@ -276,7 +277,7 @@ def extend(lock: held.LockBase, ttl: Any, automatic: bool, quorum: int, total: i
     (the watchdog's) do not: ``max_hold`` bounds those.
     """
     counted = not automatic
-    new_ttl = lock._check_extendable(ttl, counted)
+    new_ttl = held.check_extendable(lock, ttl, counted)
     old_deadline = lock._deadline
     config = lock.manager.config
     started = config.clock()
@@ -285,7 +286,7 @@ def extend(lock: held.LockBase, ttl: Any, automatic: bool, quorum: int, total: i
     command = base.extend_command(lock.keys, lock.value, new_ttl, config.dataset_key, recreate=True)
     results = yield Fan(
         [command] * total,
-        timeout=lock._extend_timeout(),
+        timeout=held.extend_timeout(lock),
         done=base.extension_settled(quorum, total),
         script=EXTEND,
         allow_lagging=False,
@@ -294,7 +295,7 @@ def extend(lock: held.LockBase, ttl: Any, automatic: bool, quorum: int, total: i
     hooks = config.hooks
     healed = [base.recreated(reply) for reply in results]
     try:
-        lock._judge_extend(results, started, old_deadline, new_ttl, counted)
+        held.judge_extend(lock, results, started, old_deadline, new_ttl, counted)
     except Exception:
         base.call_hook(hooks, "extension_finished", lock, automatic, False)
         # Gone from a majority: what it set again goes too, also where a reply is not in yet (or never
@@ -341,7 +342,7 @@ def release(lock: held.LockBase) -> Step:
 
     An interrupted round (a cancelled caller) is sent again in the background, to its end.
     """
-    started = lock._start_release()
+    started = held.start_release(lock)
     if started is None:
         return True
     if not started:
@@ -371,32 +372,33 @@ def release(lock: held.LockBase) -> Step:
         fan.background = True
         yield fan
         raise
-    return lock._judge_release(results)
+    return held.judge_release(lock, results)
 
 
 def owned(lock: held.LockBase) -> Step:
     """Whether ``lock``'s holder still holds it (see :meth:`Lock.owned`): True, False (then it is
     marked lost), or QuorumUnavailable raised when too few nodes answer to tell."""
-    if not lock._can_ask():
+    if not held.can_ask(lock):
         return False
     results = yield _read_values(lock)
-    held = lock._judge_owned(results)
-    if held is None:
-        raise lock._owned_error(results)
-    return held
+    verdict = held.judge_owned(lock, results)
+    if verdict is None:
+        raise held.owned_error(lock, results)
+    return verdict
 
 
 def check_owned(lock: held.LockBase) -> Step:
     """The watchdog's look at a lock: read its keys and judge; a lock that enough nodes no longer
     store is marked lost, an unclear answer waits for the next look."""
-    lock._judge_owned((yield _read_values(lock)))
+    held.judge_owned(lock, (yield _read_values(lock)))
 
 
 def _read_values(lock: held.LockBase) -> Fan:
     """Read the lock's keys on every node, until a quorum shows its value or too few can."""
     manager = lock.manager
     total = len(manager.node_list)
-    return Fan([lock._read_command()] * total, done=base.until_outcome(manager.quorum, total, lock._is_ours))
+    ours = functools.partial(held.is_ours, lock)
+    return Fan([held.read_command(lock)] * total, done=base.until_outcome(manager.quorum, total, ours))
 
 
 def force_release(config: base.ManagerConfig, nodes: Sequence[Any], resource: str) -> Step:

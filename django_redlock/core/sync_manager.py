@@ -83,9 +83,9 @@ class ManagerBase:
         """The caller's own lock re-entered, or the step that acquires the ``request``'s resources."""
         resources = request.resources
         if request.reentrant:
-            held = self._held.enter(resources)
-            if held is not None:
-                return held, None
+            entered = self._held.enter(resources)
+            if entered is not None:
+                return entered, None
         note = functools.partial(self._held.note, resources)
         return None, steps.acquire(self.config, self.quorum, self._names, request, note)
 
@@ -296,9 +296,9 @@ class LockManager(ManagerBase):
 
     def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> Lock:
         """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
-        held, step = self._acquiring(request)
+        entered, step = self._acquiring(request)
         if step is None:
-            return cast(Lock, held)
+            return cast(Lock, entered)
         return steps.handing_over(self._granting, step, keep)
 
     def _granting(self, step: steps.Step, keep: tuple[float | None, Any] | None) -> Lock:

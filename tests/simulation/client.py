@@ -16,6 +16,7 @@ retry jitter come from the seed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 
 import asyncio
 
-from django_redlock.core import base, steps
+from django_redlock.core import base, held, steps
 from django_redlock.core.base import ManagerConfig
 from django_redlock.core.extender import Watch, next_action, next_due, note_extend_error
 from django_redlock.core.lock import LockBase
@@ -350,16 +351,16 @@ class SimClient:
 
         def checked(results: list[Any]) -> None:
             if not lock.released:
-                lock._judge_owned(results)  # marks the lock lost when enough nodes say "not ours"
+                held.judge_owned(lock, results)  # marks the lock lost when enough nodes say "not ours"
             schedule()
 
         def wake() -> None:
             action = next_action(watch, lock)
             if action == "extend":
                 self.run(steps.extend(lock, None, True, self.quorum, self.total), extended)
-            elif action == "check" and lock._can_ask():
-                done = base.until_outcome(self.quorum, self.total, lock._is_ours)
-                self.fan(steps.Fan([lock._read_command()] * self.total, done=done), checked)
+            elif action == "check" and held.can_ask(lock):
+                done = base.until_outcome(self.quorum, self.total, functools.partial(held.is_ours, lock))
+                self.fan(steps.Fan([held.read_command(lock)] * self.total, done=done), checked)
             elif action != "stop":
                 schedule()
 

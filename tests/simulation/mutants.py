@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from django_redlock.core import base, books, entries, extender, held, ledger, owners, rounds, steps
-from django_redlock.core.lock import LockBase
 
 from .network import NetConfig
 from .redis_model import SimNode
@@ -340,8 +339,7 @@ def reentrancy_keyed_on_the_thread() -> Any:
 
 def loss_swallowed() -> Any:
     """The hold's loss report says nothing: a with block that ran without its lock exits quietly."""
-    name = "_loss_to_report" if hasattr(LockBase, "_loss_to_report") else "_lost_error"
-    return _patch(LockBase, name, lambda self, *args: None)
+    return _patch(held, "loss_to_report", lambda lock, *args: None)
 
 
 @contextmanager
@@ -350,24 +348,24 @@ def watchdog_ignores_the_release() -> Iterator[None]:
     the lock, the watchdog's next wake-up extends it, and the extension step does not look at
     ``released``. An asyncio keep-alive task still running after its lock's release (released
     inside the block) extends it at its next wake-up."""
-    real_action, real_check = extender.next_action, LockBase._check_extendable
+    real_action, real_check = extender.next_action, held.check_extendable
 
     def action(watch: Any, lock: Any) -> str:
         if lock is not None and lock.released and lock.validity > 0:
             return "extend"
         return real_action(watch, lock)
 
-    def check(self: Any, ttl: Any, counted: bool) -> float:
-        if not self.released:
-            return real_check(self, ttl, counted)
-        self.released = False
+    def check(lock: Any, ttl: Any, counted: bool) -> float:
+        if not lock.released:
+            return real_check(lock, ttl, counted)
+        lock.released = False
         try:
-            return real_check(self, ttl, counted)
+            return real_check(lock, ttl, counted)
         finally:
-            self.released = True
+            lock.released = True
 
     with _patch(extender.Extender, "remove", lambda self, lock: None), _patch(extender, "next_action", action), \
-            _patch(LockBase, "_check_extendable", check):
+            _patch(held, "check_extendable", check):
         yield
 
 
