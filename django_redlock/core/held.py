@@ -31,6 +31,7 @@ __all__ = [
     "check_fence_written",
     "extend_timeout",
     "forked",
+    "gone_from_quorum",
     "is_ours",
     "judge_extend",
     "judge_owned",
@@ -213,7 +214,7 @@ def extend_timeout(lock: LockBase) -> float:
 
 
 def can_ask(lock: LockBase) -> bool:
-    """False when :meth:`owned` can answer without the nodes (released, lost, expired, forked)."""
+    """False when ``lock.owned()`` can answer without the nodes (released, lost, expired, forked)."""
     if lock.released or lock.lost or forked(lock):
         return False
     if lock.validity <= 0:
