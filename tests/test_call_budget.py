@@ -28,10 +28,11 @@ ROUNDS_PER_PAIR = 2
 #: Today's counts plus 5%. N=1 is exact (sync 160, asyncio 254, down from 263 and 344 before the engine's
 #: reshaping). N=5 moves with how many replies each look at the sockets finds: quiet medians are sync 294
 #: and asyncio 513 (a busy machine batches more replies per look, and counts fewer), and runs have come
-#: in up to about 45 above the quiet ones, so its budgets are (quiet + 45) plus 5%. The per-node
+#: in up to about 45 above the quiet ones (asyncio up to about 95: 596 once on Python 3.13), so its
+#: budgets are (quiet + 45) plus 5%, and (quiet + 95) plus 5% for asyncio. The per-node
 #: budgets follow from them and the lowest N=1 count of the Pythons the suite runs on (3.13: sync 159,
 #: asyncio 244; an N=1 count lower than 3.11's leaves more of the N=5 budget per node):
-#: (356 - 159) / 4 / 2 and (586 - 244) / 4 / 2.
+#: (356 - 159) / 4 / 2 and (640 - 244) / 4 / 2.
 #: They come down as the engine is reshaped, toward the targets: sync 100 (N=1) / 200
 #: (N=5), asyncio 160 / 330, 12 calls per node and round.
 NODE_ROUND = "per node and round"
@@ -40,8 +41,8 @@ BUDGET: dict[tuple[str, object], float] = {
     ("sync", 5): 356,
     ("sync", NODE_ROUND): 24.625,
     ("async", 1): 267,
-    ("async", 5): 586,
-    ("async", NODE_ROUND): 42.75,
+    ("async", 5): 640,
+    ("async", NODE_ROUND): 49.5,
 }
 
 
