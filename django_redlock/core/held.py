@@ -225,8 +225,14 @@ def can_ask(lock: LockBase) -> bool:
 
 def judge_owned(lock: LockBase, results: list[Any]) -> bool | None:
     """Judge GET replies: True (a quorum stores our value), False (lost), None (too few answers)."""
-    ours = base.count(results, functools.partial(is_ours, lock))
-    gone = sum(1 for r in results if not isinstance(r, Failure) and not is_ours(lock, r))
+    ours = gone = 0
+    for reply in results:  # one pass: each reply judged once
+        if isinstance(reply, Failure):
+            continue
+        if is_ours(lock, reply):
+            ours += 1
+        else:
+            gone += 1
     total = len(lock.manager.node_list)
     if ours >= lock.manager.quorum:
         if lock.validity > 0:
