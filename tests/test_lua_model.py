@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.core.base import ManagerConfig, extend_command
+from django_redlock.core.base import ManagerConfig, extend_command, lines_of
 from django_redlock.core.resp import INCOMPLETE, ReplyBuffer, pack
 from django_redlock.core import scripts
 from django_redlock.core.scripts import ACQUIRE, DATASET, FENCE_RAISE, FENCE_READ, LIST, VOTE, script_command
@@ -95,7 +95,7 @@ def generate(rng: random.Random) -> Iterator[tuple[Any, ...] | None]:
             mode = rng.choice(("once", "join", "wait"))
             wake = [CONFIG.wake_prefix(r) + place for r in resources]
             args = (value, ttl, mode, place, rng.randint(1, 4), life, *wake, *guard)
-            yield script_command(ACQUIRE, CONFIG.script_keys(resources), args)
+            yield script_command(ACQUIRE, lines_of(CONFIG.key_prefix, tuple(resources))[0], args)
         elif kind == "release":
             keep = rng.choice((None, None, (rng.randint(1, 4), life)))
             yield CONFIG.release_command(resources, value, rng.choice((place, "")), keep)

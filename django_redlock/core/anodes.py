@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from django_redlock.core import clock, forks
 from django_redlock.core.node_spec import NodeConfig, describe
 from django_redlock.core.resp import INCOMPLETE, USUAL, ReplyBuffer, pack, pack_write
-from django_redlock.core.books import NEW, ConnState, NodeBooks, NodeUnavailable
+from django_redlock.core.books import IDLE_CHECK, NEW, ConnState, NodeBooks, NodeUnavailable
 from django_redlock.core.rounds import Round
 from django_redlock.core.steps import Fan
 
@@ -117,6 +117,12 @@ class AsyncNode:
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
+        #: The books last handed out, with their loop (weakly): a fan-out on that loop takes them as
+        #: they are (see :func:`afanout`).
+        self.last: tuple[weakref.ref[asyncio.AbstractEventLoop], NodeBooks[AConn]] | None = None
+        #: An idle connection is looked at (:meth:`usable`) once idle this long: a Sentinel node's
+        #: every time (is it still the master's?), others' as the sync driver's are.
+        self.look_after = IDLE_CHECK if node.sentinel is None else 0.0
         kwargs = dict(node.kwargs)
         kwargs.pop("retry", None)
         kwargs.pop("parser_class", None)
@@ -143,6 +149,7 @@ class AsyncNode:
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
+        self.last = (weakref.ref(loop), books)
         return books
 
     def _sweep_closed_loops(self) -> None:
@@ -353,7 +360,13 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
     now = clock.now()
     loop = asyncio.get_running_loop()
     pid = os.getpid()
-    books = [anode.books_for(loop, pid) for anode in anodes]  # looked up once per fan-out
+    books: list[NodeBooks[AConn]] = []  # looked up once per fan-out: each node's last books, when they are this loop's
+    following: list[Any] = []  # the Sentinel groups
+    for anode in anodes:  # a loop, not comprehensions (each a Python call of its own before Python 3.12)
+        last = anode.last
+        books.append(last[1] if last is not None and last[0]() is loop and anode._pid == pid else anode.books_for(loop, pid))
+        if anode.node.sentinel is not None:
+            following.append(anode.node.sentinel)
     for book in books:
         if book.parked and book.lagging(now):
             # Replies overdue by the clock may be here, unread while the loop did not run (a blocking
@@ -361,7 +374,6 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             await _look(loop)
             now = clock.now()
             break
-    following = [anode.node.sentinel for anode in anodes if anode.node.sentinel is not None]
     if following and any(sentinel.due(now) for sentinel in following):
         # Do the Sentinels still name the master idle connections go to? (at most every RECHECK)
         await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
@@ -374,7 +386,10 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
     def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
         anode = anodes[i]
         error = None
-        data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
+        # Outside the try: only the write is the node's failure (the usual one looked up, as in fanout()).
+        data = packed.get(wire[0]) if len(wire) == 1 else None
+        if data is None:
+            data = pack_write(wire, packed)
         try:
             aconn.transport.write(data)
         except Exception as exc:  # noqa: BLE001 - the connection is broken
@@ -388,7 +403,7 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             if books[i].parked:
                 for stale in books[i].give_up_stale(now):
                     stale.close()
-            opened = rnd.open(i, now, anode.usable)
+            opened = rnd.open(i, now, anode.usable, anode.look_after)
             if opened == NEW:
                 connecting[i] = asyncio.ensure_future(anode.connect(books[i]))
             elif opened is not None:

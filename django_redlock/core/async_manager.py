@@ -90,7 +90,7 @@ class AsyncLockContext(ContextBase[AsyncLock]):
     manager: AsyncLockManager
 
     async def __aenter__(self) -> AsyncLock:
-        lock = await self.manager._acquire(self.request, self.keep)
+        lock = await self.manager._acquire(self.request)
         self._entered(lock)
         return lock
 
@@ -228,15 +228,16 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncLock:
         """Acquire ``resource`` on a quorum; see :meth:`LockManager.acquire`. With ``auto_extend``
         a task on the running loop keeps the lock alive until it is released."""
-        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return await self._acquire(request, self._keeping(auto_extend, max_hold, on_lost))
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant, auto_extend, max_hold, on_lost)
+        return await self._acquire(request)
 
-    async def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> AsyncLock:
-        """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
+    async def _acquire(self, request: Request) -> AsyncLock:
+        """:meth:`acquire` with its arguments checked."""
         entered, step = self._acquiring(request)
         if step is None:
             return cast(AsyncLock, entered)
         lock = self._granted(await self._run(step), AsyncLock)
+        keep = request.keep
         if keep is not None:
             try:
                 lock._keeper = task = asyncio.ensure_future(_keep_alive(lock, *keep))
@@ -256,15 +257,17 @@ class AsyncLockManager(ManagerBase):
 
     async def _run(self, step: steps.Step) -> Any:
         """Drive a step on the running loop; an exception (a cancellation) is thrown into it."""
-        run = steps.Run(step)
-        while run.going:
-            error: BaseException | None = None
-            try:
-                result = await self._perform(run.effect)
-            except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
-                result, error = None, exc
-            run.resume(result, error)
-        return run.value
+        try:
+            effect = step.send(None)  # what steps.Run does, inline: this loop is the hot path
+            while True:
+                error: BaseException | None = None
+                try:
+                    result = await self._perform(effect)
+                except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
+                    error = exc
+                effect = step.send(result) if error is None else step.throw(error)
+        except StopIteration as stop:
+            return stop.value
 
     async def _perform(self, effect: Any) -> Any:
         """Do what a step asks for, on the running loop: the one place the async engine meets I/O."""
@@ -276,7 +279,14 @@ class AsyncLockManager(ManagerBase):
                 _BACKGROUND.add(task)
                 task.add_done_callback(_BACKGROUND.discard)
                 return None
-            return self._fanned(effect, await afanout(self.anodes, *self._fan(effect)))
+            watching = self.config.watches_nodes
+            if watching:
+                self._watched(effect)
+            anodes = self._anodes if self._anodes is not None else self.anodes  # no property call once made
+            results = await afanout(anodes, effect, effect.timeout or self.config.node_timeout)
+            if watching:
+                self._fanned(effect, results)
+            return results
         if kind is steps.Sleep:
             await asyncio.sleep(effect.seconds)
             return None
@@ -284,7 +294,11 @@ class AsyncLockManager(ManagerBase):
 
     async def _background(self, fan: steps.Fan) -> None:
         """Run a background round to its end; nobody waits for its replies."""
-        self._fanned(fan, await afanout(self.anodes, *self._fan(fan)))
+        if self.config.watches_nodes:
+            self._watched(fan)
+            self._fanned(fan, await afanout(self.anodes, fan, fan.timeout or self.config.node_timeout))
+        else:
+            await afanout(self.anodes, fan, fan.timeout or self.config.node_timeout)
 
     def lock(
         self,
@@ -300,8 +314,9 @@ class AsyncLockManager(ManagerBase):
         reentrant: bool = False,
     ) -> AsyncLockContext:
         """``async with manager.lock("x") as lock:``; see :meth:`LockManager.lock`."""
-        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return AsyncLockContext(self, request, self._keeping(auto_extend, max_hold, on_lost))
+        return AsyncLockContext(
+            self, self.config.request(resource, ttl, blocking, timeout, label, reentrant, auto_extend, max_hold, on_lost)
+        )
 
     async def is_locked(self, resource: str) -> bool:
         """Async version of :meth:`LockManager.is_locked`; raises ``QuorumUnavailable`` when it cannot tell."""

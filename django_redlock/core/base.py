@@ -9,6 +9,8 @@ same replies with these functions, so they cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -55,8 +57,12 @@ def set_command(key: str, value: str, ttl: float) -> tuple[Any, ...]:
     return ("SET", key, value, "NX", "PX", ms(ttl))
 
 
+#: A granted vote's reply: RESP's ``+OK`` as both drivers read it (a :class:`~.rounds.Granted` equals it too).
+OK = b"OK"
+
+
 def is_ok(reply: Any) -> bool:
-    return reply is True or reply == b"OK" or reply == "OK"
+    return bool(reply == OK)
 
 
 def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
@@ -76,6 +82,7 @@ def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
     return done
 
 
+@functools.lru_cache(maxsize=64)  # one test per quorum and success: built once, not per call
 def granted_or_all(quorum: int, success: Any = is_ok) -> Any:
     """A ``done`` test: stop at a quorum of successes, or once every node answered. For the votes
     of a call that will wait anyway (a failed vote then needs no release on nodes not heard from),
@@ -88,6 +95,8 @@ def granted_or_all(quorum: int, success: Any = is_ok) -> Any:
 
 
 def count(results: Sequence[Any], success: Any = is_ok) -> int:
+    if success is is_ok:
+        return results.count(OK)  # what the loop below counts, in C: a vote is judged per node and round
     good = 0
     for reply in results:  # a loop, not a generator: a generator's every step is a Python call
         if reply is not None and not isinstance(reply, Failure) and success(reply):
@@ -378,8 +387,11 @@ class Attempts:
             self.script = VOTE if self.window > 0 else None
         #: ACQUIRE's KEYS (the line keys of each resource) and the wake list of this call's place in
         #: each line: only calls that run the script have them.
-        self.line: list[str] = config.script_keys(resources) if self.script is ACQUIRE else []
-        self.wake: tuple[str, ...] = config.wake_keys(resources, self.place) if self.script is ACQUIRE else ()
+        self.line: tuple[str, ...] = ()
+        self.wake: tuple[str, ...] = ()
+        if self.script is ACQUIRE:
+            self.line, heads = lines_of(config.key_prefix, resources)
+            self.wake = tuple(map(str.__add__, heads, itertools.repeat(self.place)))  # no Python call
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0
         #: How long the last vote kept the place in line (node ms); its failed attempt's release keeps it as long.

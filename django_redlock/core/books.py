@@ -325,8 +325,8 @@ class NodeBooks(Generic[C]):
             conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
         if mine.kind == entries.SET:
             self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
-        elif mine.kind == entries.RELEASE:
-            mine.proves = self.ledger.ordered(expect, mine.key, mine.value)
+        elif mine.kind == entries.RELEASE:  # with no SET in flight at all, it is ordered (no call)
+            mine.proves = not ledger.unanswered or ledger.ordered(expect, mine.key, mine.value)
         expect.append(mine)
         return extra
 

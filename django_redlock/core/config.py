@@ -4,6 +4,7 @@ Nothing here does I/O."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -57,6 +58,7 @@ __all__ = [
     "wants",
     "new_holder",
     "new_token",
+    "lines_of",
     "wall_us",
 ]
 
@@ -91,7 +93,7 @@ def check_resource(resource: Any) -> str:
         raise InvalidResource(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}.")
     if _CONTROL.search(resource):
         raise InvalidResource("resource must not contain control characters.")
-    return check_encodable(resource, "resource", InvalidResource)
+    return resource if resource.isascii() else check_encodable(resource, "resource", InvalidResource)
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -142,9 +144,9 @@ def check_resources(resources: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def name_of(resources: Sequence[str]) -> str:
-    """How a lock on ``resources`` is named in messages, hooks and signals."""
-    return ", ".join(resources)
+#: How a lock on ``resources`` is named in messages, hooks and signals: ``name_of(resources)``,
+#: e.g. ``"invoice-1, invoice-2"`` (a C-level join: no Python call per lock).
+name_of: Callable[[Iterable[str]], str] = ", ".join
 
 
 @overload
@@ -197,7 +199,7 @@ class Request:
     """One acquire call's arguments, checked once by the public call (:meth:`ManagerConfig.request`):
     what lies below (the call's plan, the acquire step) trusts them as they are."""
 
-    __slots__ = ("resources", "ttl", "blocking", "timeout", "label", "reentrant")
+    __slots__ = ("resources", "ttl", "blocking", "timeout", "label", "reentrant", "keep")
 
     def __init__(
         self,
@@ -207,6 +209,7 @@ class Request:
         timeout: float | None,
         label: str | None,
         reentrant: bool = False,
+        keep: tuple[float | None, Any] | None = None,
     ) -> None:
         self.resources = resources  # sorted, each once
         self.ttl = ttl  # the manager's ttl when none was given
@@ -214,14 +217,18 @@ class Request:
         self.timeout = timeout
         self.label = label  # the manager's label when none was given
         self.reentrant = reentrant
+        #: ``(max_hold, on_lost)`` when the lock is to be kept alive once acquired (``auto_extend``), else None.
+        self.keep = keep
 
 
-def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> float | None:
-    """``max_hold`` of a lock kept alive (``auto_extend``), once ``on_lost`` is checked too."""
+def check_keep_alive(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:
+    """``(max_hold, on_lost)`` when a lock is to be kept alive once acquired (``auto_extend``), else
+    None; all three checked."""
     check_flag(auto_extend, "auto_extend")
     if on_lost is not None and not callable(on_lost):
         raise ValueError(f"on_lost must be a callable taking the lock, or None; got {type(on_lost).__name__}.")
-    return check_seconds(max_hold, "max_hold", allow_none=True)
+    max_hold = check_seconds(max_hold, "max_hold", allow_none=True)
+    return (max_hold, on_lost) if auto_extend else None
 
 
 def check_label(label: Any, argument: str = "label") -> str | None:
@@ -311,6 +318,18 @@ _PLACES_KEY = "{}places:{}".format
 _WAKE_PREFIX = "{}wake:{}:".format
 
 
+@functools.lru_cache(maxsize=1024)  # a lock's acquire and its release both need them: made once
+def lines_of(prefix: str, resources: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """ACQUIRE's and RELEASE's KEYS (the lock key, the waiting line's order and its places, in threes
+    per resource) and the head of each resource's wake lists (a place's list: the head + the place)."""
+    keys: list[str] = []
+    wakes: list[str] = []
+    for resource in resources:  # a loop of format calls: no Python call per resource
+        keys += (_LOCK_KEY(prefix, resource), _QUEUE_KEY(prefix, resource), _PLACES_KEY(prefix, resource))
+        wakes.append(_WAKE_PREFIX(prefix, resource))
+    return tuple(keys), tuple(wakes)
+
+
 class ManagerConfig:
     """Validated settings shared by :class:`LockManager` and :class:`AsyncLockManager`."""
 
@@ -371,6 +390,8 @@ class ManagerConfig:
         self.make_holder: Callable[[str | None], Holder] = new_holder
         self.node_timeout: float = checked["node_timeout"]
         self.key_prefix: str = checked["key_prefix"]
+        #: The marker key whose token names each node's data set (see ``scripts.DATASET``).
+        self.dataset_key = f"{self.key_prefix}dataset"
         self.max_extensions: int | None = checked["max_extensions"]
         self.label: str | None = checked["label"]
         if hooks is not None and not isinstance(hooks, Hooks):
@@ -383,34 +404,13 @@ class ManagerConfig:
     def key(self, resource: str) -> str:
         return _LOCK_KEY(self.key_prefix, resource)
 
-    @property
-    def dataset_key(self) -> str:
-        """The marker key whose token names each node's data set (see ``scripts.DATASET``)."""
-        return f"{self.key_prefix}dataset"
-
     def line_keys(self, resource: str) -> tuple[str, str, str]:
         """The lock key, the waiting line's order and its places."""
         prefix = self.key_prefix
         return _LOCK_KEY(prefix, resource), _QUEUE_KEY(prefix, resource), _PLACES_KEY(prefix, resource)
 
-    def script_keys(self, resources: Sequence[str]) -> list[str]:
-        """ACQUIRE's and RELEASE's KEYS: the line keys of each resource, in threes."""
-        prefix = self.key_prefix
-        keys: list[str] = []
-        for resource in resources:  # a loop of format calls: no Python call per resource
-            keys += (_LOCK_KEY(prefix, resource), _QUEUE_KEY(prefix, resource), _PLACES_KEY(prefix, resource))
-        return keys
-
     def wake_prefix(self, resource: str) -> str:
         return _WAKE_PREFIX(self.key_prefix, resource)
-
-    def wake_keys(self, resources: Sequence[str], place: str) -> tuple[str, ...]:
-        """The wake list of ``place`` in each resource's line."""
-        prefix = self.key_prefix
-        wakes: list[str] = []
-        for resource in resources:  # a loop, as in script_keys
-            wakes.append(_WAKE_PREFIX(prefix, resource) + place)
-        return tuple(wakes)
 
     def inspect_command(self, keys: Sequence[str]) -> tuple[Any, ...]:
         """INSPECT of lock keys: each one's value and ttl, and the live places in its resource's line."""
@@ -434,20 +434,34 @@ class ManagerConfig:
         """Compare-and-delete ``value``; leave the lines with ``place`` (or, with ``keep`` = (ticket,
         place lifetime ms), stay in them); wake the first waiter of each."""
         life = _PLACE_LIFE if keep is None else keep[1]
-        prefixes = self.wake_keys(resources, "")
+        keys, prefixes = lines_of(self.key_prefix, tuple(resources))
         ticket = "" if keep is None else keep[0]
-        return script_command(RELEASE, self.script_keys(resources), (value, place, life, ticket, *prefixes))
+        return script_command(RELEASE, keys, (value, place, life, ticket, *prefixes))
 
     def request(
-        self, resource: Any, ttl: Any, blocking: Any, timeout: Any, label: Any, reentrant: Any = False
+        self,
+        resource: Any,
+        ttl: Any,
+        blocking: Any,
+        timeout: Any,
+        label: Any,
+        reentrant: Any = False,
+        auto_extend: Any = False,
+        max_hold: Any = None,
+        on_lost: Any = None,
     ) -> Request:
         """An acquire call's arguments, checked (a ValueError names the first bad one)."""
-        resources = check_resources(resource)
-        reentrant = check_flag(reentrant, "reentrant")
-        checked_ttl = self.lock_ttl(ttl, self.ttl)
-        seconds = check_wait(blocking, timeout)
+        # The usual call's arguments (one resource, defaults) each skip the checks they need not.
+        resources = (check_resource(resource),) if type(resource) is str else check_resources(resource)
+        if reentrant is not False:
+            reentrant = check_flag(reentrant, "reentrant")
+        checked_ttl = self.ttl if ttl is None else self.lock_ttl(ttl, self.ttl)
+        seconds = None if timeout is None and type(blocking) is bool else check_wait(blocking, timeout)
         checked_label = check_label(label) if label is not None else self.label
-        return Request(resources, checked_ttl, blocking, seconds, checked_label, reentrant)
+        keep = None
+        if not (auto_extend is False and max_hold is None and on_lost is None):
+            keep = check_keep_alive(auto_extend, max_hold, on_lost)
+        return Request(resources, checked_ttl, blocking, seconds, checked_label, reentrant, keep)
 
     def lock_ttl(self, ttl: Any, default: float, argument: str = "ttl") -> float:
         """Check a lock's ttl: a number of seconds, at most ``max_ttl``."""
@@ -483,7 +497,7 @@ def new_token() -> str:
 
 
 def new_holder(label: str | None) -> Holder:
-    return Holder.new(new_token(), label)
+    return Holder.new(os.urandom(TOKEN_BYTES).hex(), label)  # new_token(), without the call: one per attempt
 
 
 def ms(seconds: float) -> int:

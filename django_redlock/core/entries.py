@@ -118,7 +118,7 @@ def entry_fields(command: Sequence[Any], kind: Kind) -> tuple[Kind, str | None, 
         return SET, command[1], command[2], command[5] / 1000.0
     if kind != SET and kind != RELEASE and kind != EXTEND:
         return kind, None, None, 0.0
-    key, value = pair_of(command)
+    key, value = command[3], command[3 + command[2]]  # pair_of(command), without the call
     if kind == SET:  # ACQUIRE: KEYS in threes (lock, queue, places); ARGV value, ttl ms, ...
         return SET, key, value, command[4 + command[2]] / 1000.0
     # EXTEND: KEYS the lock keys; ARGV value, ttl ms, re-create ('1'), ...; a release of the value

@@ -122,7 +122,7 @@ class LockBase:
         self._clock: Callable[[], float] = manager.config.clock
         self._acquired_at = started
         # Who acquired it, and how many times it was entered (reentrant=True); see HeldLocks.
-        owner, self._owner_name = owners.caller()
+        owner, self._owner_name = owners.callers(True)[0]  # caller(), without the call
         self._owner = weakref.ref(owner)
         self._depth = 1
         # A call within the owner that entered it (lent to one such call at a time), and how often.
@@ -359,7 +359,9 @@ def judge_release(lock: LockBase, results: list[Any]) -> bool:
             f"at release {gone} of {total} nodes no longer stored this holder's value "
             "(force-released, expired early or taken over)"
         )
-    base.call_hook(lock.manager.config.hooks, "released", lock)
+    hooks = lock.manager.config.hooks
+    if hooks is not None:  # no call when there are none: this is every release
+        base.call_hook(hooks, "released", lock)
     return deleted >= lock.manager.quorum
 
 
@@ -369,7 +371,7 @@ def start_release(lock: LockBase) -> bool | None:
 
     Both happen in one critical section with :meth:`HeldLocks.enter`'s check, so nobody
     enters a lock that is being released. Flags an expired lock as lost, at an inner entry's
-    exit too. From here on the watchdog no longer reports losses.
+    exit too. From here on the watchdog no longer watches it nor reports its losses.
     """
     if forked(lock):
         return False
@@ -388,7 +390,9 @@ def start_release(lock: LockBase) -> bool | None:
         if not lock.lost and lock._deadline <= lock._clock():
             mark_lost(lock, "it expired while held", while_held=True)
         return None
-    lock._lost_listener = None
+    if lock._lost_listener is not None:  # the watchdog watches it (auto_extend): it stops
+        lock._lost_listener = None
+        lock.manager._forget(lock)
     lock.manager._held.discard(lock)
     if not lock.lost and lock._deadline <= lock._clock():
         mark_lost(lock, "it expired before it was released")

@@ -25,7 +25,7 @@ class SyncManager(Manager, Protocol):
 
     def _release(self, lock: LockBase) -> bool: ...
 
-    def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> Lock: ...
+    def _acquire(self, request: Request) -> Lock: ...
 
 
 class Lock(LockBase):
@@ -139,13 +139,11 @@ class ContextBase(Generic[_L]):
     keep-alive (``auto_extend``, ``max_hold``, ``on_lost``), release, and the loss report
     (:func:`~django_redlock.core.held.loss_to_report`)."""
 
-    def __init__(self, manager: Any, request: Request, keep: tuple[float | None, Any] | None) -> None:
-        """``request`` and ``keep``: the arguments as the manager checked them (``ManagerConfig.request``,
-        ``ManagerBase._keeping``: ``(max_hold, on_lost)`` of a lock kept alive, else None); every entry
+    def __init__(self, manager: Any, request: Request) -> None:
+        """``request``: the arguments as the manager checked them (``ManagerConfig.request``); every entry
         acquires with them, unchecked."""
         self.manager = manager
         self.request = request
-        self.keep = keep
         self.resource = request.resources
         #: The lock, once entered.
         self.lock: _L | None = None
@@ -158,7 +156,7 @@ class ContextBase(Generic[_L]):
         """Note the lock just acquired (``acquire()`` started its keep-alive, if asked): the entry
         that started it stops it (an async task) when it is left."""
         self.lock = lock
-        self._entries.append((lock, lock._keeper if self.keep is not None and lock._depth == 1 else None))
+        self._entries.append((lock, lock._keeper if self.request.keep is not None and lock._depth == 1 else None))
 
     def _leaving(self) -> tuple[_L, Any] | None:
         """The entry to leave now (its lock, its keeper), once: None when none is left. The caller's
@@ -195,7 +193,7 @@ class LockContext(ContextBase[Lock]):
         return steps.handing_over(self._enter)
 
     def _enter(self) -> Lock:
-        lock = self.manager._acquire(self.request, self.keep)
+        lock = self.manager._acquire(self.request)
         self._entered(lock)
         return lock
 

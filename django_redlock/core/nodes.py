@@ -362,7 +362,11 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
             conn, since, wire = got
             writing = (node, conn)
             error = None
-            data = pack_write(wire, packed)  # outside the try: only the write is the node's failure
+            # Outside the try: only the write is the node's failure. The usual write, the round's one
+            # command, is looked up here (no call); pack_write() packs the others.
+            data = packed.get(wire[0]) if len(wire) == 1 else None
+            if data is None:
+                data = pack_write(wire, packed)
             try:
                 conn.send_packed_command(data)
             except (RedisError, OSError, ValueError) as exc:

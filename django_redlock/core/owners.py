@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures.thread import _WorkItem
 from types import CodeType, FrameType
 from typing import Any
@@ -29,47 +28,42 @@ _thread_owner = threading.local()
 _POOL_CALL: CodeType = _WorkItem.run.__code__
 
 
-def _executor_calls() -> tuple[CodeType, ...]:
-    """The code that runs one call submitted to a pool (``concurrent.futures``, and asgiref's executor
-    that runs ``sync_to_async`` calls on the thread of an outer ``async_to_sync``)."""
-    current = sys.modules.get("asgiref.current_thread_executor")
-    run = getattr(getattr(current, "_WorkItem", None), "run", None)
-    return (_POOL_CALL,) if run is None else (_POOL_CALL, run.__code__)
-
-
-def _greenlet() -> Any:
-    """The running greenlet (gevent, eventlet) when it is not its thread's first one, else None."""
-    module = sys.modules.get("greenlet")
-    if module is None:
-        return None
-    current = module.getcurrent()
-    return current if current.parent is not None else None
-
-
-def callers() -> Iterator[tuple[Any, str]]:
+def callers(first: bool = False) -> list[tuple[Any, str]]:
     """Who is calling, innermost first, each with a name for messages: the running asyncio task; the
     executor calls this thread runs, from the innermost out (an outer one is blocked beneath, e.g.
-    in ``async_to_sync``, while an inner one runs for it); the running greenlet, else the thread."""
+    in ``async_to_sync``, while an inner one runs for it); the running greenlet, else the thread.
+    With ``first``, the innermost only (no more is looked up)."""
+    found: list[tuple[Any, str]] = []
     aio = sys.modules.get("asyncio")  # a program that never imported asyncio runs no task
     loop = aio._get_running_loop() if aio is not None else None  # None outside a loop
     task = aio.current_task(loop) if aio is not None and loop is not None else None
     if task is not None:
-        yield task, f"asyncio task {task.get_name()!r}"
+        found.append((task, f"asyncio task {task.get_name()!r}"))
+        if first:
+            return found
     thread = threading.current_thread()
-    calls = _executor_calls()
+    # The code that runs one call submitted to a pool (concurrent.futures, and asgiref's executor
+    # that runs sync_to_async calls on the thread of an outer async_to_sync).
+    current = sys.modules.get("asgiref.current_thread_executor")
+    run = getattr(getattr(current, "_WorkItem", None), "run", None)
+    calls = (_POOL_CALL,) if run is None else (_POOL_CALL, run.__code__)
     frame: FrameType | None = sys._getframe()
     while frame is not None:
         if frame.f_code in calls:
-            yield frame.f_locals.get("self"), f"executor call in thread {thread.name!r}"
+            found.append((frame.f_locals.get("self"), f"executor call in thread {thread.name!r}"))
+            if first:
+                return found
         frame = frame.f_back
-    glet = _greenlet()
-    if glet is not None:
-        yield glet, f"greenlet {getattr(glet, 'name', None) or hex(id(glet))}"
-        return
+    module = sys.modules.get("greenlet")  # the running greenlet (gevent, eventlet), unless the thread's first
+    glet = module.getcurrent() if module is not None else None
+    if glet is not None and glet.parent is not None:
+        found.append((glet, f"greenlet {getattr(glet, 'name', None) or hex(id(glet))}"))
+        return found
     owner = getattr(_thread_owner, "owner", None)
     if owner is None:
         owner = _thread_owner.owner = _ThreadOwner()
-    yield owner, f"thread {thread.name!r}"
+    found.append((owner, f"thread {thread.name!r}"))
+    return found
 
 
 def caller() -> tuple[Any, str]:
@@ -81,4 +75,4 @@ def caller() -> tuple[Any, str]:
     first; else the thread. Locks keep a weak reference to it, never an id: ids of finished threads
     and tasks are reused, and a lock must never be entered by whoever comes next.
     """
-    return next(callers())
+    return callers(True)[0]

@@ -118,7 +118,8 @@ class Holder:
         every attempt."""
         token = self.token
         text = '{"t":"' + token + '"' if token.isalnum() else '{"t":' + _json(token)
-        text += ',"h":' + _json(self.host) + ',"p":' + _json(self.pid) + ',"a":' + _json(self.acquired_at)
+        # The host and pid repeat from lock to lock: their JSON is cached (a C-level call when it is).
+        text += ',"h":' + _json_cached(self.host) + ',"p":' + _json_cached(self.pid) + ',"a":' + _json(self.acquired_at)
         if self.label is not None:
             text += ',"l":' + _json(self.label)
         if self.members > 1:

@@ -96,6 +96,8 @@ class Description(Protocol):
     @property
     def restart_window(self) -> float: ...
     @property
+    def vote_window(self) -> float: ...
+    @property
     def owe(self) -> tuple[str, str, float] | None: ...
     @property
     def block(self) -> tuple[tuple[str, ...], float] | None: ...
@@ -150,12 +152,12 @@ class Round(Generic[C]):
         self._after: tuple[str, str] | None = None
         ordered = fan.ordered_after_key is not None and self.kind == entries.RELEASE
         if ordered and first is not None and self._fields is not None:
-            self._after = pair_of(first)
+            self._after = self._fields[1:3]  # type: ignore[assignment]  # a RELEASE's (key, value)
         self.ordered_after_key = fan.ordered_after_key
         self.allow_lagging = fan.allow_lagging
         self.window = restart_window
         self.guarded = restart_window > 0 and script in GUARDED  # once: a Script's hash is a Python call
-        self.vote_window = vote_window(script, restart_window)
+        self.vote_window = fan.vote_window
         self.timings = fan.timings
         self.results: list[Any] = [None] * len(books)
         self.waiting: dict[Entry, tuple[int, C]] = {}  # our entry -> (node index, connection)
@@ -165,7 +167,7 @@ class Round(Generic[C]):
         self.started = False  # the node timeout runs from the first wait_time(), once every write is out
         self.grace = False
         self.looked = False  # the last look at what arrived, once the time is up
-        self.changed = True  # results moved since ``done`` was last asked
+        self.changed = False  # results moved since ``done`` was last asked (a result is set, or a reply taken)
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
         #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
@@ -193,6 +195,7 @@ class Round(Generic[C]):
         command = self.commands[i]
         if command is None:
             self.results[i] = Failure(SKIPPED)
+            self.changed = True
             return None
         book = self.books[i]
         # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
@@ -204,6 +207,7 @@ class Round(Generic[C]):
                 kind, conn, since = book.choose(after, self.allow_lagging, now)
             except NodeUnavailable as exc:
                 self.results[i] = Failure(str(exc))
+                self.changed = True
                 return None
             if kind == NEW or conn is None or since is None:
                 return NEW
@@ -216,6 +220,7 @@ class Round(Generic[C]):
     def connect_failed(self, i: int, reason: str, now: float) -> None:
         self.books[i].connect_failed(reason, now)
         self.results[i] = Failure(reason)
+        self.changed = True
 
     def write(self, i: int, conn: C, now: float) -> list[Command]:
         """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
@@ -276,6 +281,7 @@ class Round(Generic[C]):
             del self.waiting[mine]
             self.books[i].drop(conn, now)
             self.results[i] = Failure(error, broken=True)
+            self.changed = True
             return False
         if parked_since is not None and self._queued(i, conn, parked_since, now):
             # Ordered behind a command that is overdue, or behind a wait in line: queue it, do not wait for it.
@@ -283,6 +289,7 @@ class Round(Generic[C]):
             mine.waiter = None
             self.books[i].checkin(conn, parked_since, now)
             self.results[i] = Failure(QUEUED)
+            self.changed = True
             return False
         books = self.books[i]
         if books.background_reads:  # its replies are read in the background: parked until they are
@@ -379,13 +386,6 @@ class Round(Generic[C]):
             left.append((i, conn))
         self.waiting = {}
         return left
-
-
-def vote_window(script: Script | None, window: float) -> float:
-    """The restart window a round's replies are judged under as votes: an extension's are not (a key
-    it found counts wherever; it re-creates one only where a vote would count, see
-    :meth:`NodeBooks.recreating`)."""
-    return 0.0 if script is EXTEND else window
 
 
 def describe_error(exc: BaseException) -> str:

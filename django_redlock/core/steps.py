@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_redlock.core import base, books, held, rounds
+from django_redlock.core import base, books, held
 from django_redlock.core.adoption import Adoption
 from django_redlock.core.resp import pack_each
 from django_redlock.core.scripts import EXTEND, FENCE_RAISE, FENCE_READ, INSPECT, RELEASE, Script, script_command
@@ -62,6 +62,7 @@ class Fan:
         "ordered_after_key",
         "allow_lagging",
         "restart_window",
+        "vote_window",
         "owe",
         "block",
         "timings",
@@ -91,6 +92,10 @@ class Fan:
         self.ordered_after_key = ordered_after_key
         self.allow_lagging = allow_lagging
         self.restart_window = restart_window
+        #: The restart window its replies are judged under as votes: an extension's are not (a key it
+        #: found counts wherever; it re-creates one only where a vote would count, see
+        #: :meth:`NodeBooks.recreating <django_redlock.core.books.NodeBooks.recreating>`).
+        self.vote_window = 0.0 if script is EXTEND else restart_window
         self.owe = owe
         self.block = block
         self.timings = timings  # filled in with each node's round-trip time (None: no reply)
@@ -99,10 +104,6 @@ class Fan:
         self.packed = pack_each(commands)
         self.background = background  # the driver answers None at once and runs the round to its end
 
-    @property
-    def vote_window(self) -> float:
-        """The restart window its replies are judged under as votes (see :func:`rounds.vote_window`)."""
-        return rounds.vote_window(self.script, self.restart_window)
 
 
 class Sleep:
@@ -337,8 +338,9 @@ def fence(lock: held.LockBase, config: base.ManagerConfig, quorum: int, total: i
 
 
 def release(lock: held.LockBase) -> Step:
-    """A lock's whole release (see :meth:`Lock.release`): leave one entry; on the last, forget its
-    watch, release its value on every node (the round ends at a quorum) and judge the replies.
+    """A lock's whole release (see :meth:`Lock.release`): leave one entry; on the last (its watch
+    forgotten, see :func:`~django_redlock.core.held.start_release`), release its value on every
+    node (the round ends at a quorum) and judge the replies.
 
     An interrupted round (a cancelled caller) is sent again in the background, to its end.
     """
@@ -348,16 +350,19 @@ def release(lock: held.LockBase) -> Step:
     if not started:
         return False
     manager = lock.manager
-    manager._forget(lock)
     total = len(manager.node_list)
     config = manager.config
     fan = release_fan(config, total, lock.resources, lock.value, place=lock._place, quorum=manager.quorum)
     sent = config.clock()
     try:
         results = yield fan
-        broke = [type(r) is books.Failure and r.broken for r in results]
+        broken = False
+        for reply in results:  # a loop: a comprehension is a Python call of its own (before 3.12)
+            if type(reply) is books.Failure and reply.broken:
+                broken = True
         left = config.node_timeout - (config.clock() - sent)
-        if any(broke) and left > 0 and base.count(results, _deleted) < manager.quorum:
+        if broken and left > 0 and base.count(results, _deleted) < manager.quorum:
+            broke = [type(r) is books.Failure and r.broken for r in results]
             # Written on connections that broke under it (closed by the node or a proxy while idle):
             # once more, on new ones, within the node timeout the release has. Only a deletion counts
             # from it: a "not ours" may be its own echo.
@@ -490,30 +495,35 @@ class Run:
 
 def run_sync(step: Step, perform: Callable[[Any], Any]) -> Any:
     """Drive ``step`` with ``perform(effect) -> result`` on this thread, as one engine call
-    (see :class:`EngineCalls`); exceptions from ``perform`` are thrown into it."""
+    (see :class:`EngineCalls`); exceptions from ``perform`` are thrown into it.
+
+    What :class:`Run` does, inline: a step is resumed once per effect, and this loop is the hot path."""
     calls = engine_calls
     outer = calls.depth
     try:
         calls.depth = outer + 1
-        run = Run(step)
-        while run.going:
-            effect = run.effect
-            waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
-            try:
-                # A wait counts for no call this thread is in, LockContext.__enter__'s neither. The
-                # depth is set to 0 inside the try: a stop raised right after it must not leave it 0.
-                depth = calls.depth
+        error: BaseException | None
+        try:
+            effect = step.send(None)
+            while True:
+                waits = type(effect) is Sleep or (type(effect) is Fan and effect.block is not None)
                 try:
-                    if waits:
-                        calls.depth = 0
-                    result, error = perform(effect), None
-                finally:
-                    calls.depth = depth
-            except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
-                result, error = None, exc
-            run.resume(result, error)
-        return run.value
+                    # A wait counts for no call this thread is in, LockContext.__enter__'s neither. The
+                    # depth is set to 0 inside the try: a stop raised right after it must not leave it 0.
+                    depth = calls.depth
+                    try:
+                        if waits:
+                            calls.depth = 0
+                        result = perform(effect)
+                    finally:
+                        calls.depth = depth
+                    error = None
+                except BaseException as exc:  # noqa: BLE001 - handed to the step, which re-raises
+                    error = exc
+                effect = step.send(result) if error is None else step.throw(error)
+        except StopIteration as stop:
+            return stop.value
     finally:
         calls.depth = outer  # first, no call before it (see EngineCalls.left)
-        if not outer:
+        if not outer and calls.on_leave is not None:
             calls.left()

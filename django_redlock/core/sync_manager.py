@@ -89,14 +89,6 @@ class ManagerBase:
         note = functools.partial(self._held.note, resources)
         return None, steps.acquire(self.config, self.quorum, self._names, request, note)
 
-    @staticmethod
-    def _keeping(auto_extend: Any, max_hold: Any, on_lost: Any) -> tuple[float | None, Any] | None:
-        """``(max_hold, on_lost)`` when a lock is to be kept alive once acquired, checked first."""
-        if auto_extend is False and max_hold is None and on_lost is None:
-            return None  # the usual call: nothing to check
-        max_hold = base.check_keep_alive(auto_extend, max_hold, on_lost)
-        return (max_hold, on_lost) if auto_extend else None
-
     def _adopting(self, resource: Any, token: Any, ttl: Any, fencing_token: Any) -> steps.Step:
         if fencing_token is not None and (isinstance(fencing_token, bool) or not isinstance(fencing_token, int)):
             raise ValueError(f"fencing_token must be an int (lock.fencing_token) or None; got {fencing_token!r}.")
@@ -121,7 +113,9 @@ class ManagerBase:
         """The lock of the winning attempt (built on the time it began), announced to the hooks."""
         lock = lock_class.granted(self, plan)
         self._held.add(lock)
-        base.call_hook(self.config.hooks, "acquired", lock)
+        hooks = self.config.hooks
+        if hooks is not None:  # no call when there are none: this is every grant
+            base.call_hook(hooks, "acquired", lock)
         return lock
 
     # -- the steps both managers drive ------------------------------------
@@ -153,20 +147,17 @@ class ManagerBase:
     def _forget(self, lock: Any) -> None:
         """Stop watching ``lock`` (released); the async keep-alive tasks watch ``lock.released`` themselves."""
 
-    def _fan(self, fan: steps.Fan) -> tuple[steps.Fan, float]:
-        """What a driver's fan-out is given for ``fan``: the fan, set to time each node's reply (not a
-        vote's wait in line) when a hook watches the nodes, and its timeout."""
-        if self.config.watches_nodes and fan.timings is None and fan.block is None:
+    def _watched(self, fan: steps.Fan) -> None:
+        """Set ``fan`` to time each node's reply (not a vote's wait in line): a hook watches the nodes
+        (``config.watches_nodes``; drivers call this and :meth:`_fanned` only then)."""
+        if fan.timings is None and fan.block is None:
             fan.timings = [None] * len(self.node_list)
-        return fan, fan.timeout or self.config.node_timeout
 
-    def _fanned(self, fan: steps.Fan, results: list[Any]) -> list[Any]:
-        """A fan-out's ``results``, told to the ``nodes_seen`` hook when one watches the nodes."""
+    def _fanned(self, fan: steps.Fan, results: list[Any]) -> None:
+        """Tell a fan-out's ``results`` to the ``nodes_seen`` hook (one watches the nodes)."""
         config = self.config
-        if config.watches_nodes:
-            seen = status.seen_of(self.nodes, results, fan.timings, fan.vote_window, config.restart_window > 0)
-            base.call_hook(config.hooks, "nodes_seen", seen)
-        return results
+        seen = status.seen_of(self.nodes, results, fan.timings, fan.vote_window, config.restart_window > 0)
+        base.call_hook(config.hooks, "nodes_seen", seen)
 
     def key(self, resource: str) -> str:
         """The Redis key that locks ``resource``."""
@@ -291,19 +282,17 @@ class LockManager(ManagerBase):
         another thread of this process holds it, the error names that
         thread.
         """
-        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return self._acquire(request, self._keeping(auto_extend, max_hold, on_lost))
+        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant, auto_extend, max_hold, on_lost)
+        return steps.handing_over(self._acquire, request)
 
-    def _acquire(self, request: Request, keep: tuple[float | None, Any] | None) -> Lock:
-        """:meth:`acquire` with its arguments checked (``keep``: see :meth:`_keeping`)."""
+    def _acquire(self, request: Request) -> Lock:
+        """:meth:`acquire` with its arguments checked, called as one engine call that hands a lock to
+        its caller (:func:`~django_redlock.core.steps.handing_over`): the lock won, kept alive if asked."""
         entered, step = self._acquiring(request)
         if step is None:
             return cast(Lock, entered)
-        return steps.handing_over(self._granting, step, keep)
-
-    def _granting(self, step: steps.Step, keep: tuple[float | None, Any] | None) -> Lock:
-        """The lock ``step`` wins, kept alive if asked (``keep``: see :meth:`_keeping`)."""
-        lock = self._granted(self._run(step), Lock)
+        lock = self._granted(steps.run_sync(step, self._perform), Lock)  # what _run does, one call less
+        keep = request.keep
         if keep is not None:
             try:
                 self._watch(lock, *keep)
@@ -356,7 +345,12 @@ class LockManager(ManagerBase):
         meets I/O."""
         kind = type(effect)
         if kind is steps.Fan:
-            results = self._fanned(effect, fanout(self.node_list, *self._fan(effect)))
+            watching = self.config.watches_nodes
+            if watching:
+                self._watched(effect)
+            results = fanout(self.node_list, effect, effect.timeout or self.config.node_timeout)
+            if watching:
+                self._fanned(effect, results)
             return None if effect.background else results  # nothing to cancel here: a background round runs now
         if kind is steps.Sleep:
             time.sleep(effect.seconds)
@@ -399,8 +393,9 @@ class LockManager(ManagerBase):
             ``ttl``, ``auto_extend``, ``max_hold`` and ``on_lost`` are not
             applied to it.
         """
-        request = self.config.request(resource, ttl, blocking, timeout, label, reentrant)
-        return LockContext(self, request, self._keeping(auto_extend, max_hold, on_lost))
+        return LockContext(
+            self, self.config.request(resource, ttl, blocking, timeout, label, reentrant, auto_extend, max_hold, on_lost)
+        )
 
     # -- inspection and operator actions ----------------------------------
 
@@ -494,7 +489,8 @@ class LockManager(ManagerBase):
     def _release(self, lock: LockBase) -> bool:
         """Release ``lock`` through this manager's connections (see :func:`~django_redlock.core.steps.release`):
         also an :class:`~django_redlock.core.AsyncLock`, from a thread its loop does not run."""
-        released: bool = self._run(steps.release(lock))  # not cast(): a Python call per release
+        # Not _run() nor cast(): a Python call each, per release.
+        released: bool = steps.run_sync(steps.release(lock), self._perform)
         return released
 
     def _watch(self, lock: Lock, max_hold: float | None, on_lost: Callable[[Lock], Any] | None) -> None:

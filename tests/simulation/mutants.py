@@ -331,8 +331,8 @@ def reentrancy_keyed_on_the_thread() -> Any:
     """``reentrant=True`` takes the thread for the owner: every greenlet of a process enters every
     other's lock."""
 
-    def thread_only() -> Iterator[tuple[Any, str]]:
-        yield threading.current_thread(), "thread"
+    def thread_only(first: bool = False) -> list[tuple[Any, str]]:
+        return [(threading.current_thread(), "thread")]
 
     return _patch(owners, "callers", thread_only)  # what caller() and HeldLocks look up
 
