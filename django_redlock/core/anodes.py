@@ -335,19 +335,6 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class _Waker:
-    """Wakes a fan-out waiting for replies (its round's ``on_reply``): one call per reply taken."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[None]) -> None:
-        self.future = future
-
-    def wake(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-
 async def _look(loop: asyncio.AbstractEventLoop) -> None:
     """Return once the loop has read what already arrived: it runs a turn's due timers after that turn's reads."""
     looked = loop.create_future()
@@ -379,8 +366,13 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
         await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
         now = clock.now()
     rnd = Round(books, fan, now=now, timeout=timeout)
-    wake = _Waker(loop.create_future())
-    rnd.on_reply = wake.wake
+    woken = loop.create_future()  # set when the wait may end (see Round.on_reply); a new one per wait
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    rnd.on_reply = wake
     packed = fan.packed  # every command of the round, encoded before any node was asked
 
     def send(i: int, aconn: AConn, since: float | None, wire: list[tuple[Any, ...]]) -> None:
@@ -423,16 +415,16 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
             wait = rnd.wait_time(clock.now())
             if wait is None:
                 break
-            if wake.future.done():
-                wake.future = loop.create_future()
+            if woken.done():
+                woken = loop.create_future()
             if wait == 0.0 and rnd.grace:
                 await asyncio.sleep(0)  # the outcome is known: let replies already here be read
                 continue
             # The last look (0.0 once the time is up) waits on a timer too: the loop runs a turn's
             # due timers after that turn's reads, so the replies already here are booked first.
-            timer = loop.call_later(wait, _wake, wake.future)
+            timer = loop.call_later(wait, _wake, woken)
             try:
-                await wake.future
+                await woken
             finally:
                 timer.cancel()
     except BaseException:

@@ -65,18 +65,33 @@ def is_ok(reply: Any) -> bool:
     return bool(reply == OK)
 
 
+def deleted(reply: Any) -> bool:
+    """A release's reply that says it deleted the key."""
+    return bool(reply == 1)
+
+
+#: The success tests that are an equality, with what they compare to: a round's replies are counted
+#: against those in C (``list.count``), no Python call per reply (a Failure equals neither).
+_EQUAL_TO: dict[Any, Any] = {is_ok: OK, deleted: 1}
+
+
 def until_outcome(quorum: int, total: int, success: Any = is_ok) -> Any:
     """A ``done`` test for fan-outs: stop once success or failure is certain."""
+    value = _EQUAL_TO.get(success)
 
     def done(results: list[Any]) -> bool:
-        good = bad = 0
-        for reply in results:
-            if reply is None:
-                continue
-            if not isinstance(reply, Failure) and success(reply):
-                good += 1
-            else:
-                bad += 1
+        if value is not None:
+            good = results.count(value)
+            bad = len(results) - results.count(None) - good
+        else:
+            good = bad = 0
+            for reply in results:
+                if reply is None:
+                    continue
+                if not isinstance(reply, Failure) and success(reply):
+                    good += 1
+                else:
+                    bad += 1
         return good >= quorum or bad > total - quorum
 
     return done
@@ -87,16 +102,20 @@ def granted_or_all(quorum: int, success: Any = is_ok) -> Any:
     """A ``done`` test: stop at a quorum of successes, or once every node answered. For the votes
     of a call that will wait anyway (a failed vote then needs no release on nodes not heard from),
     and for releases (a quorum that deleted the key settles the outcome; the rest stay booked)."""
+    value = _EQUAL_TO.get(success)
 
     def done(results: list[Any]) -> bool:
-        return None not in results or count(results, success) >= quorum
+        if None not in results:
+            return True
+        return (results.count(value) if value is not None else count(results, success)) >= quorum
 
     return done
 
 
 def count(results: Sequence[Any], success: Any = is_ok) -> int:
-    if success is is_ok:
-        return results.count(OK)  # what the loop below counts, in C: a vote is judged per node and round
+    value = _EQUAL_TO.get(success)
+    if value is not None:
+        return results.count(value)  # what the loop below counts, in C
     good = 0
     for reply in results:  # a loop, not a generator: a generator's every step is a Python call
         if reply is not None and not isinstance(reply, Failure) and success(reply):
@@ -363,7 +382,8 @@ class Attempts:
         self.timeout = request.timeout
         self.blocking = blocking = request.blocking
         self.label = request.label
-        self.keys = tuple(map(config.key, resources))
+        line, heads = lines_of(config.key_prefix, resources)
+        self.keys = line[::3]  # the lock key of each resource (config.key), from the line keys in threes
         self.key = self.keys[0]
         self.window = config.restart_window
         self._new_holder()
@@ -390,7 +410,7 @@ class Attempts:
         self.line: tuple[str, ...] = ()
         self.wake: tuple[str, ...] = ()
         if self.script is ACQUIRE:
-            self.line, heads = lines_of(config.key_prefix, resources)
+            self.line = line
             self.wake = tuple(map(str.__add__, heads, itertools.repeat(self.place)))  # no Python call
         #: How long the next vote may wait in line for a wake-up first (0: vote at once).
         self.slice = 0.0

@@ -197,7 +197,12 @@ class NodeBooks(Generic[C]):
 
     def lagging(self, now: float) -> bool:
         """True while a reply from this node is overdue by more than the node timeout."""
-        return any(conn.expect and overdue(conn, since, now) > self.node_timeout for conn, since in self.parked.items())
+        limit = self.node_timeout
+        for conn, since in self.parked.items():  # a loop: a generator's every step is a Python call
+            # overdue() is at most now - since: replies in flight for less than the limit need no call.
+            if conn.expect and now - since > limit and overdue(conn, since, now) > limit:
+                return True
+        return False
 
     def choose(
         self, after: tuple[str, str] | None, allow_lagging: bool, now: float
@@ -323,8 +328,10 @@ class NodeBooks(Generic[C]):
             extra += [("TIME",), ("BLPOP", *wakes, f"{seconds:.3f}"), ("TIME",)]
             expect += [Entry(entries.STAMP), Entry(entries.WAKE), Entry(entries.STAMP)]
             conn.quiet_until = max(conn.quiet_until, now + quiet_for(block))
-        if mine.kind == entries.SET:
-            self.ledger.set_sent(mine.key, mine.value)  # type: ignore[arg-type]
+        if mine.kind == entries.SET:  # Ledger.set_sent, inline: once per vote and node
+            sets = ledger.unanswered
+            pair: Any = (mine.key, mine.value)  # a SET's entry has both
+            sets[pair] = sets.get(pair, 0) + 1
         elif mine.kind == entries.RELEASE:  # with no SET in flight at all, it is ordered (no call)
             mine.proves = not ledger.unanswered or ledger.ordered(expect, mine.key, mine.value)
         expect.append(mine)
@@ -351,7 +358,13 @@ class NodeBooks(Generic[C]):
         if kind == entries.RELEASE:
             reply = self.ledger.settle(entry, reply, now)  # as the round counts it (a 0 may count as a 1)
         elif kind == entries.SET:
-            self.ledger.set_answered(entry.key, entry.value)  # type: ignore[arg-type]
+            sets = self.ledger.unanswered  # Ledger.set_answered, inline: once per vote and node
+            pair: Any = (entry.key, entry.value)  # a SET's entry has both
+            left = sets.get(pair, 0) - 1
+            if left > 0:
+                sets[pair] = left
+            else:
+                sets.pop(pair, None)
             # Only its own write's two stamps come since the last vote on this connection (a vote
             # sent again after NOSCRIPT has none: it counts no wait).
             if conn.stamps:

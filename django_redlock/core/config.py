@@ -500,6 +500,7 @@ def new_holder(label: str | None) -> Holder:
     return Holder.new(os.urandom(TOKEN_BYTES).hex(), label)  # new_token(), without the call: one per attempt
 
 
+@functools.lru_cache(maxsize=256)  # the same few durations (ttls, the place lifetime) recur: looked up in C
 def ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 

@@ -151,10 +151,8 @@ class Owing:
     """The release round that owes a debt, while it runs (``over`` once it finished): until then the
     debt is its own business, never paid by another write (it would race the round's own release)."""
 
-    __slots__ = ("over",)
-
-    def __init__(self) -> None:
-        self.over = False
+    #: True once the round finished (a class default: making one is no Python call).
+    over = False
 
 
 @dataclass(slots=True, eq=False)

@@ -19,7 +19,11 @@ class _ThreadOwner:
     the same id shares its ``_DummyThread`` object (which never dies), but never its state.
     """
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self) -> None:
+        #: The thread for messages: its name when it first took a lock (read once, not per lock).
+        self.name = f"thread {threading.current_thread().name!r}"
 
 
 _thread_owner = threading.local()
@@ -41,7 +45,6 @@ def callers(first: bool = False) -> list[tuple[Any, str]]:
         found.append((task, f"asyncio task {task.get_name()!r}"))
         if first:
             return found
-    thread = threading.current_thread()
     # The code that runs one call submitted to a pool (concurrent.futures, and asgiref's executor
     # that runs sync_to_async calls on the thread of an outer async_to_sync).
     current = sys.modules.get("asgiref.current_thread_executor")
@@ -50,7 +53,7 @@ def callers(first: bool = False) -> list[tuple[Any, str]]:
     frame: FrameType | None = sys._getframe()
     while frame is not None:
         if frame.f_code in calls:
-            found.append((frame.f_locals.get("self"), f"executor call in thread {thread.name!r}"))
+            found.append((frame.f_locals.get("self"), f"executor call in thread {threading.current_thread().name!r}"))
             if first:
                 return found
         frame = frame.f_back
@@ -62,7 +65,7 @@ def callers(first: bool = False) -> list[tuple[Any, str]]:
     owner = getattr(_thread_owner, "owner", None)
     if owner is None:
         owner = _thread_owner.owner = _ThreadOwner()
-    found.append((owner, f"thread {thread.name!r}"))
+    found.append((owner, owner.name))
     return found
 
 

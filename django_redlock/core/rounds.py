@@ -29,8 +29,8 @@ from typing import Any, Generic, Literal, Protocol, Union
 
 from django_redlock.core import entries, ledger
 from django_redlock.core.books import (
+    IDLE,
     NEW,
-    PARKED,
     C,
     Command,
     Failure,
@@ -169,7 +169,9 @@ class Round(Generic[C]):
         self.looked = False  # the last look at what arrived, once the time is up
         self.changed = False  # results moved since ``done`` was last asked (a result is set, or a reply taken)
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
-        #: Called (by the books) whenever one of our replies was taken; drivers may set it.
+        #: Called (by the books) when one of our replies was taken and the wait may end: every reply
+        #: is in, or ``done`` says the outcome is known (until then, only the deadline ends it); drivers
+        #: that sleep until then set it.
         self.on_reply: Callable[[], None] | None = None
         #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.entries.Owing`).
         self.owing: entries.Owing | None = None
@@ -186,54 +188,51 @@ class Round(Generic[C]):
                     # Owed until proven done, or until the key has surely expired.
                     book.ledger.owe(key, value, now + ttl + book.stale_limit, now, debt, self.owing)
 
-    def open(self, i: int, now: float, usable: Usable[C], look_after: float = 0.0) -> Opened[C] | None:
+    def open(
+        self, i: int, now: float, usable: Usable[C], look_after: float = 0.0, conn: C | None = None
+    ) -> Opened[C] | None:
         """Node ``i``'s connection for this round, chosen and its commands booked: ``(conn, parked
-        since, commands)``; :data:`NEW` when the driver must connect first (then :meth:`write`, or
-        :meth:`connect_failed`); None when the node already has its result (skipped, unavailable).
+        since, commands)``, the commands in order; :data:`NEW` when the driver must connect first
+        (then :meth:`write`, or :meth:`connect_failed`); None when the node already has its result
+        (skipped, unavailable).
 
-        ``usable`` looks at an idle connection idle for ``look_after`` seconds or more."""
-        command = self.commands[i]
+        ``usable`` looks at an idle connection idle for ``look_after`` seconds or more. With ``conn``
+        (a new connection, see :meth:`write`), nothing is chosen: the commands are booked on it."""
+        original = command = self.commands[i]
         if command is None:
             self.results[i] = Failure(SKIPPED)
             self.changed = True
             return None
         book = self.books[i]
-        # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
-        after = self._after
-        if after is not None and command is not self._first:
-            after = pair_of(command)
-        while True:
-            try:
-                kind, conn, since = book.choose(after, self.allow_lagging, now)
-            except NodeUnavailable as exc:
-                self.results[i] = Failure(str(exc))
-                self.changed = True
-                return None
-            if kind == NEW or conn is None or since is None:
-                return NEW
-            if kind == PARKED:
-                return conn, since, self.write(i, conn, now)
-            # A connection idle for a while may have been closed by a restart: the driver looks.
-            if now - since < look_after or usable(conn, now - since):
-                return conn, None, self.write(i, conn, now)
-
-    def connect_failed(self, i: int, reason: str, now: float) -> None:
-        self.books[i].connect_failed(reason, now)
-        self.results[i] = Failure(reason)
-        self.changed = True
-
-    def write(self, i: int, conn: C, now: float) -> list[Command]:
-        """The commands to send on ``conn`` for node ``i``, in order (all booked)."""
-        original = command = self.commands[i]
-        assert command is not None
+        since = None
+        if conn is None:
+            # A release goes behind a parked command for its key and value (its SET), to stay ordered after it.
+            after = self._after
+            if after is not None and command is not self._first:
+                after = pair_of(command)
+            while conn is None:
+                try:
+                    kind, conn, since = book.choose(after, self.allow_lagging, now)
+                except NodeUnavailable as exc:
+                    self.results[i] = Failure(str(exc))
+                    self.changed = True
+                    return None
+                if kind == NEW or conn is None or since is None:
+                    return NEW
+                if kind == IDLE:
+                    # A connection idle for a while may have been closed by a restart: the driver looks.
+                    if not (now - since < look_after or usable(conn, now - since)):
+                        conn = None
+                    since = None
+        # Book the commands on ``conn`` (the write, in one call with the choice: once per node and round).
         if isinstance(command[0], tuple):
-            return self._write_several(i, conn, command, now)
+            return conn, since, self._write_several(i, conn, command, now)
         script = self.script
         retry = None
         if self.guarded:
-            command = self.books[i].guarded(command)
+            command = book.guarded(command)
         if script is EXTEND:
-            command = self.books[i].recreating(conn, command, self.window, now)
+            command = book.recreating(conn, command, self.window, now)
         if script is not None and command[0] == "EVALSHA":
             retry = self._sources.get(command)
             if retry is None:
@@ -246,13 +245,25 @@ class Round(Generic[C]):
                 conn.scripts.add(script.sha)
         fields = self._fields if original is self._first else None
         mine = Entry(*(fields or entry_fields(command, self.kind)), self, retry)
-        extra = self.books[i].prepare(conn, mine, self.window, now, self.block)
+        extra = book.prepare(conn, mine, self.window, now, self.block)
         self.waiting[mine] = (i, conn)
         self._mine[i] = mine
         if extra:
             extra.append(command)
-            return extra
-        return [command]
+            return conn, since, extra
+        return conn, since, [command]
+
+    def connect_failed(self, i: int, reason: str, now: float) -> None:
+        self.books[i].connect_failed(reason, now)
+        self.results[i] = Failure(reason)
+        self.changed = True
+
+    def write(self, i: int, conn: C, now: float) -> list[Command]:
+        """The commands to send on a new connection ``conn`` for node ``i`` (after :meth:`open` said
+        :data:`NEW`), in order (all booked)."""
+        opened = self.open(i, now, _looked, 0.0, conn)
+        assert opened is not None and opened != NEW
+        return opened[2]
 
     def _write_several(self, i: int, conn: C, commands: Command, now: float) -> list[Command]:
         """Several commands (e.g. ``ledger.PROBE``) for node ``i`` in one write: its result is the list
@@ -337,7 +348,7 @@ class Round(Generic[C]):
                 reply, conn.parts = [*conn.parts[-several:], reply], []
             self.results[i] = (self.vote_window > 0 and book.vote(conn, self.window, now)) or reply
         self.changed = True
-        if self.on_reply is not None:
+        if self.on_reply is not None and (not self.waiting or (self.done is not None and self.done(self.results))):
             self.on_reply()
         return i
 
@@ -386,6 +397,11 @@ class Round(Generic[C]):
             left.append((i, conn))
         self.waiting = {}
         return left
+
+
+def _looked(conn: Any, idle_for: float) -> bool:
+    """The ``usable`` of :meth:`Round.write`: a new connection is not looked at."""
+    return True
 
 
 def describe_error(exc: BaseException) -> str:

@@ -142,7 +142,7 @@ def release_fan(
     key = command[3]
     return Fan(
         [command] * total if only is None else [command if only[i] else None for i in range(total)],
-        done=None if quorum is None else base.granted_or_all(quorum, _deleted),
+        done=None if quorum is None else base.granted_or_all(quorum, base.deleted),
         script=RELEASE,
         ordered_after_key=key,
         allow_lagging=False,
@@ -150,10 +150,6 @@ def release_fan(
         background=background,
         timeout=timeout,
     )
-
-
-def _deleted(reply: Any) -> bool:
-    return bool(reply == 1)
 
 
 def acquire(
@@ -361,7 +357,7 @@ def release(lock: held.LockBase) -> Step:
             if type(reply) is books.Failure and reply.broken:
                 broken = True
         left = config.node_timeout - (config.clock() - sent)
-        if broken and left > 0 and base.count(results, _deleted) < manager.quorum:
+        if broken and left > 0 and base.count(results, base.deleted) < manager.quorum:
             broke = [type(r) is books.Failure and r.broken for r in results]
             # Written on connections that broke under it (closed by the node or a proxy while idle):
             # once more, on new ones, within the node timeout the release has. Only a deletion counts
