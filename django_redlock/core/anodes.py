@@ -117,9 +117,6 @@ class AsyncNode:
         #: Per loop's books: woken when a reply is booked while :meth:`settle` waits.
         self._settling: dict[NodeBooks[AConn], asyncio.Future[None]] = {}
         self._pid = os.getpid()
-        #: The books last handed out, with their loop (weakly): a fan-out on that loop takes them as
-        #: they are (see :func:`afanout`).
-        self.last: tuple[weakref.ref[asyncio.AbstractEventLoop], NodeBooks[AConn]] | None = None
         #: An idle connection is looked at (:meth:`usable`) once idle this long: a Sentinel node's
         #: every time (is it still the master's?), others' as the sync driver's are.
         self.look_after = IDLE_CHECK if node.sentinel is None else 0.0
@@ -149,7 +146,6 @@ class AsyncNode:
                     books = self._pools[loop] = NodeBooks(
                         self.node.name, self.node_timeout, self.node.fsync_always, self.node.history, True
                     )
-        self.last = (weakref.ref(loop), books)
         return books
 
     def _sweep_closed_loops(self) -> None:
@@ -347,11 +343,10 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
     now = clock.now()
     loop = asyncio.get_running_loop()
     pid = os.getpid()
-    books: list[NodeBooks[AConn]] = []  # looked up once per fan-out: each node's last books, when they are this loop's
+    books: list[NodeBooks[AConn]] = []  # looked up once per fan-out
     following: list[Any] = []  # the Sentinel groups
     for anode in anodes:  # a loop, not comprehensions (each a Python call of its own before Python 3.12)
-        last = anode.last
-        books.append(last[1] if last is not None and last[0]() is loop and anode._pid == pid else anode.books_for(loop, pid))
+        books.append(anode.books_for(loop, pid))
         if anode.node.sentinel is not None:
             following.append(anode.node.sentinel)
     for book in books:
