@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import threading
 import time
@@ -45,6 +46,24 @@ def test_acquire_release_roundtrip(manager, servers):
     assert lock.release() is False  # idempotent
     assert not manager.is_locked("invoice-1")
     eventually(lambda: keys_everywhere(servers) == [])  # release() returns once a quorum deleted the key
+
+
+class _Color(str, enum.Enum):
+    """A str-mixin Enum member equals (and hashes as) its value, "a", but formats as "_Color.A"."""
+
+    A = "a"
+
+
+def test_a_str_enum_member_and_its_value_each_lock_their_own_key_in_either_order(manager, servers):
+    """A resource is its text as its key names it: a str subclass is taken as it formats. Locking the
+    member first must not change the key that the plain string locks later (nor the reverse)."""
+    for first, then, key in ((_Color.A, "a", "redlock:lock:a"), ("a", _Color.A, "redlock:lock:_Color.A")):
+        manager.acquire(first).release()
+        lock = manager.acquire(then)
+        eventually(lambda: sorted(keys_everywhere(servers)) == [key] * 5)
+        assert lock.resource == key.removeprefix("redlock:lock:") and manager.is_locked(lock.resource)
+        lock.release()
+        eventually(lambda: keys_everywhere(servers) == [])
 
 
 def test_second_acquire_is_refused_with_reasons(manager):

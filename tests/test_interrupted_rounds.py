@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
+import threading
 import time
 
 import pytest
@@ -85,3 +87,54 @@ def test_a_round_interrupted_anywhere_leaves_no_connection_out_of_step(servers):
     # Nor is the thread's engine-call depth left off: a command's stop would be deferred forever.
     assert steps.engine_calls.depth == 0
     assert replies == [b"after"] * len(servers), replies
+
+
+def test_a_signal_right_after_a_node_mutex_is_taken_leaves_no_mutex_held(servers):
+    """A release round takes every node's mutex at once (it owes its release to all of them). A signal
+    handler runs where the interpreter checks for signals, which includes right after a C call such
+    as ``Lock.acquire()`` returns: raising there must not leave that node's mutex taken, which would
+    hang the round's own background resend and every later round of the process on that node.
+    Raised here from a profile function at the k-th C call's return in the fan-out, for each k, as a
+    handler would be at that point. Run on a thread of its own: a hang fails the test."""
+    from django_redlock.core import nodes
+
+    manager = LockManager(servers.urls, ttl=10, retry_count=0, node_timeout=0.05, restart_window=0)
+    seen: list[str] = []
+    outcome: list[object] = []
+
+    def interrupting_at(k: int):
+        def at_c_return(frame, event, arg):
+            if event == "c_return" and frame.f_code is nodes.fanout.__code__:
+                seen.append(getattr(arg, "__qualname__", repr(arg)))
+                if len(seen) == k:
+                    raise Interrupt()
+
+        return at_c_return
+
+    def storm() -> None:
+        for k in range(1, 100):  # until a release runs past its fan-out's last C call
+            lock = manager.acquire("r", blocking=True, timeout=2)
+            seen.clear()
+            sys.setprofile(interrupting_at(k))
+            try:
+                lock.release()
+            except Interrupt:
+                pass
+            else:
+                outcome.append(k - 1)  # every C call of the fan-out was interrupted once
+                return
+            finally:
+                sys.setprofile(None)
+            held = [node.name for node in manager.node_list if node._mutex.locked()]
+            if held:
+                outcome.append(f"mutexes left taken by an interrupt after {seen[k - 1:k]}: {held}")
+                return
+
+    worker = threading.Thread(target=storm, daemon=True)
+    try:
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), f"a release hung after an interrupt after {seen[-1:]} (a node mutex left taken)"
+        assert outcome and isinstance(outcome[0], int) and outcome[0] >= 8, outcome
+    finally:
+        manager.close() if not worker.is_alive() else None

@@ -87,6 +87,10 @@ def check_resource(resource: Any) -> str:
     characters, with no control character, that UTF-8 encodes."""
     if not isinstance(resource, str):
         raise ValueError(f"resource must be a non-empty string; got {type(resource).__name__}.")
+    if type(resource) is not str:
+        # A str subclass (a str-mixin Enum member) is the text its keys are named with (it formats so),
+        # a plain str from here on: keys, names and caches see one text for one resource.
+        resource = f"{resource}"
     if not resource:
         raise ValueError("resource must be a non-empty string.")
     if len(resource) > MAX_RESOURCE_LENGTH:

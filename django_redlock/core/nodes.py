@@ -17,13 +17,14 @@ waiting, the next time the node is used.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import select
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -339,15 +340,8 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
         for node in nodes:
             if node._pid != pid:
                 node._check_fork()
-        held = []  # every node's mutex: the round owes its release to all of them at once
-        try:
-            for node in nodes:
-                node._mutex.acquire()
-                held.append(node._mutex)
-            rnd = Round(books, fan, now=now, timeout=timeout)
-        finally:
-            for mutex in held:
-                mutex.release()
+        # Every node's mutex: the round owes its release to all of them at once.
+        rnd = _holding(list(map(_MUTEX, nodes)), functools.partial(Round, books, fan, now=now, timeout=timeout))
     else:
         rnd = Round(books, fan, now=now, timeout=timeout)
     watched: dict[int, tuple[int, Wire]] = {}  # fd -> (node index, connection)
@@ -398,10 +392,22 @@ def fanout(nodes: Sequence[Node], fan: Fan, timeout: float) -> list[Any]:
     return rnd.results
 
 
+_T = TypeVar("_T")
+
+
+def _holding(mutexes: Sequence[threading.Lock], make: Callable[[], _T]) -> _T:
+    """``make()`` with every one of ``mutexes`` (at least one) held. Each is taken by a ``with``: a signal handler
+    that raises cannot run between taking a mutex and the block that gives it back (it could after
+    an ``acquire()`` call, leaving the node's mutex taken and every later round on it hung)."""
+    with mutexes[0]:
+        return make() if len(mutexes) == 1 else _holding(mutexes[1:], make)
+
+
 _POLL_READ = select.POLLIN | select.POLLERR | select.POLLHUP
 # C-level accessors: a comprehension is a Python call of its own (before Python 3.12).
 _FD = itemgetter(0)
 _BOOKS = attrgetter("books")
+_MUTEX = attrgetter("_mutex")
 
 
 def _collect(nodes: Sequence[Node], rnd: Round[Wire], watched: dict[int, tuple[int, Wire]], tls: list[int]) -> None:

@@ -19,11 +19,14 @@ class _ThreadOwner:
     the same id shares its ``_DummyThread`` object (which never dies), but never its state.
     """
 
-    __slots__ = ("__weakref__", "name")
+    __slots__ = ("__weakref__", "thread")
 
     def __init__(self) -> None:
-        #: The thread for messages: its name when it first took a lock (read once, not per lock).
-        self.name = f"thread {threading.current_thread().name!r}"
+        self.thread = threading.current_thread()
+
+    def __str__(self) -> str:
+        """Its name in messages: the thread's name when the message is made (it may be renamed)."""
+        return f"thread {self.thread.name!r}"
 
 
 _thread_owner = threading.local()
@@ -32,12 +35,13 @@ _thread_owner = threading.local()
 _POOL_CALL: CodeType = _WorkItem.run.__code__
 
 
-def callers(first: bool = False) -> list[tuple[Any, str]]:
-    """Who is calling, innermost first, each with a name for messages: the running asyncio task; the
+def callers(first: bool = False) -> list[tuple[Any, Any]]:
+    """Who is calling, innermost first, each with a name for messages (a str, or for a thread an
+    object whose str() is its name then): the running asyncio task; the
     executor calls this thread runs, from the innermost out (an outer one is blocked beneath, e.g.
     in ``async_to_sync``, while an inner one runs for it); the running greenlet, else the thread.
     With ``first``, the innermost only (no more is looked up)."""
-    found: list[tuple[Any, str]] = []
+    found: list[tuple[Any, Any]] = []
     aio = sys.modules.get("asyncio")  # a program that never imported asyncio runs no task
     loop = aio._get_running_loop() if aio is not None else None  # None outside a loop
     task = aio.current_task(loop) if aio is not None and loop is not None else None
@@ -65,11 +69,11 @@ def callers(first: bool = False) -> list[tuple[Any, str]]:
     owner = getattr(_thread_owner, "owner", None)
     if owner is None:
         owner = _thread_owner.owner = _ThreadOwner()
-    found.append((owner, owner.name))
+    found.append((owner, owner))  # its str() is the name: read only when a message needs it
     return found
 
 
-def caller() -> tuple[Any, str]:
+def caller() -> tuple[Any, Any]:
     """Who is calling, for ``reentrant=True``: the object and a name for messages.
 
     The running asyncio task; else the innermost executor call this thread runs (a pooled thread
