@@ -361,7 +361,7 @@ async def afanout(anodes: Sequence[AsyncNode], fan: Fan, timeout: float) -> list
         await asyncio.gather(*(anode.node.sentinel.arecheck(anode.node) for anode in anodes if anode.node.sentinel))
         now = clock.now()
     rnd = Round(books, fan, now=now, timeout=timeout)
-    woken = loop.create_future()  # set when the wait may end (see Round.on_reply); a new one per wait
+    woken = loop.create_future()  # set when one of the round's replies was taken; a new one per wait
 
     def wake() -> None:
         if not woken.done():

@@ -169,9 +169,7 @@ class Round(Generic[C]):
         self.looked = False  # the last look at what arrived, once the time is up
         self.changed = False  # results moved since ``done`` was last asked (a result is set, or a reply taken)
         self._sources: dict[Command, Command] = {}  # EVALSHA -> the EVAL of its source, per command
-        #: Called (by the books) when one of our replies was taken and the wait may end: every reply
-        #: is in, or ``done`` says the outcome is known (until then, only the deadline ends it); drivers
-        #: that sleep until then set it.
+        #: Called (by the books) whenever one of our replies was taken; drivers may set it.
         self.on_reply: Callable[[], None] | None = None
         #: While this round runs, the debts it owes are its own (see :class:`~django_redlock.core.entries.Owing`).
         self.owing: entries.Owing | None = None
@@ -348,7 +346,7 @@ class Round(Generic[C]):
                 reply, conn.parts = [*conn.parts[-several:], reply], []
             self.results[i] = (self.vote_window > 0 and book.vote(conn, self.window, now)) or reply
         self.changed = True
-        if self.on_reply is not None and (not self.waiting or (self.done is not None and self.done(self.results))):
+        if self.on_reply is not None:
             self.on_reply()
         return i
 
