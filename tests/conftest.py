@@ -22,6 +22,8 @@ import redis
 from django_redlock.core import LockManager, ledger
 from django_redlock.testing import RedisServers, expected_server, find_redis_server, identify_server
 
+pytest_plugins = ["tests.silent_nodes"]
+
 
 def on_nodes(servers, command, resource):
     """``command`` ("get", "pttl") of ``resource``'s lock key, on each node."""
